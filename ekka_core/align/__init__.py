@@ -1,0 +1,259 @@
+"""Stage 4 — alignment: put each mapped pair's tensors on the same rows and features, then prove it.
+
+Entry point: :func:`align`. Every aligned tensor is ``[rows, features]`` in fp32 with one row per
+(sequence, position) — the target's flat ``[num_tokens, …]`` batches (prefill and decode steps, several requests)
+and the reference's ``[1, seq, …]`` teacher-forced passes both end up there.
+
+Before anything is compared, :func:`prove_alignment` checks that the three traces describe the same computation:
+same token ids, embeddings equal, and layer *i*'s output is layer *i+1*'s input inside each framework. A failed
+proof stops the diagnosis with a message naming what did not line up — a wrong alignment would otherwise produce
+a confident, wrong diagnosis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from ekka_core.capture.trace import ModuleCall, TensorRef, Trace
+from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.mapping import ComponentPair, Endpoint, Mapping
+
+Key = tuple[int, int]   # (sequence, position)
+
+
+class AlignmentError(InternalFailure):
+    """An aligner's self-check failed: the pair cannot be compared as declared."""
+
+
+@dataclass
+class Traces:
+    target: Trace          # X_T: target engine, low precision
+    reference: Trace       # X_R: reference, same low precision
+    reference_fp32: Trace  # Y_R: reference, fp32
+
+
+@dataclass
+class AlignedPair:
+    pair: ComponentPair
+    order: int                                   # position in the target's execution order
+    keys: list[Key]
+    target: torch.Tensor                         # X_T [rows, features]
+    reference: torch.Tensor                      # X_R
+    reference_fp32: torch.Tensor                 # Y_R
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None   # same, for the inputs
+
+
+@dataclass
+class AlignedPairs:
+    """Lazily aligned pairs, in the target's execution order: one pair's tensors in memory at a time."""
+
+    traces: Traces
+    mapping: Mapping
+    order: dict[str, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[AlignedPair]:
+        index = {}
+        for tr in (self.traces.target, self.traces.reference, self.traces.reference_fp32):
+            index[id(tr)] = _calls_by_module(tr)
+        pairs = sorted(self.mapping.pairs, key=lambda p: self.order.get(p.component, 1 << 30))
+        for pair in pairs:
+            try:
+                yield align_pair(pair, self.traces, index, self.order.get(pair.component, -1))
+            except AlignmentError as e:
+                self.failures.append(str(e))
+
+
+def align(mapping: Mapping, traces: Traces) -> AlignedPairs:
+    prove_alignment(traces)
+    order = {}
+    for c in traces.target.calls:
+        order.setdefault(c.module, c.index)
+    return AlignedPairs(traces, mapping, order)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, list[ModuleCall]]],
+               order: int) -> AlignedPair:
+    t_rows = _gather(traces.target, index[id(traces.target)], pair.target, pair.rows)
+    keys = sorted(t_rows)
+    if not keys:
+        raise AlignmentError(f"{pair.component}: the target trace has no rows for it")
+    sides = [t_rows]
+    for tr in (traces.reference, traces.reference_fp32):
+        rows = _gather(tr, index[id(tr)], pair.reference, "tokens")
+        missing = [k for k in keys if k not in rows]
+        if missing:
+            raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: the reference has no "
+                                 f"rows for (sequence, position) {missing[:3]}")
+        sides.append(rows)
+    x_t, x_r, y_r = (torch.stack([s[k] for k in keys]) for s in sides)
+    if x_t.shape != x_r.shape:
+        raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: shapes differ after "
+                             f"alignment, target {list(x_t.shape)} vs reference {list(x_r.shape)}")
+    inputs = None
+    if pair.compare_inputs:
+        try:
+            ins = [_gather(tr, index[id(tr)], Endpoint(ep.modules, port="input", select="stream"), pair.rows)
+                   for tr, ep in ((traces.target, pair.target), (traces.reference, pair.reference),
+                                  (traces.reference_fp32, pair.reference))]
+            i_t, i_r, i_y = (torch.stack([s[k] for k in keys]) for s in ins)
+            if i_t.shape == i_r.shape:
+                inputs = (i_t, i_r, i_y)
+        except (KeyError, AlignmentError, RuntimeError):
+            inputs = None  # inputs are a bonus for local blame; the outputs are what is compared
+    return AlignedPair(pair, order, keys, x_t, x_r, y_r, inputs)
+
+
+def _calls_by_module(trace: Trace) -> dict[str, list[ModuleCall]]:
+    out: dict[str, list[ModuleCall]] = {}
+    for c in trace.calls:
+        out.setdefault(c.module, []).append(c)
+    return out
+
+
+def _gather(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: str) -> dict[Key, torch.Tensor]:
+    """Rows of one endpoint, keyed by (sequence, position); 1:N endpoints concatenated along features."""
+    parts: list[dict[Key, torch.Tensor]] = []
+    for module in ep.modules:
+        got: dict[Key, torch.Tensor] = {}
+        for call in calls.get(module, []):
+            step = trace.steps[call.step]
+            tensor = _select(trace, call, ep)
+            if tensor is None:
+                continue
+            if call.rows == "sampled":
+                last: dict[int, int] = {}
+                for s, p in zip(step.seq, step.pos):
+                    if s >= 0:
+                        last[s] = max(p, last.get(s, -1))
+                keys = list(last.items())
+                flat = tensor.reshape(tensor.shape[0], -1)
+            else:
+                keys = list(zip(step.seq, step.pos))
+                flat = _token_rows(tensor, len(keys), call.module)
+            for k, row in zip(keys, flat):
+                if k[0] >= 0:
+                    got[k] = row
+        if ep.scale is not None:
+            got = {k: v * ep.scale for k, v in got.items()}
+        parts.append(got)
+    if len(parts) == 1:
+        return parts[0]
+    common = set(parts[0]).intersection(*parts[1:])
+    return {k: torch.cat([p[k] for p in parts]) for k in common}
+
+
+def _select(trace: Trace, call: ModuleCall, ep: Endpoint) -> torch.Tensor | None:
+    refs = call.outputs if ep.port == "output" else call.inputs
+    if ep.select.startswith("named:"):
+        name = ep.select.split(":", 1)[1]
+        if name not in call.output_names:
+            return None
+        ref = refs[call.output_names.index(name)]
+        return trace.tensor(ref).float() if isinstance(ref, TensorRef) else None
+    tensors = [r for r in refs if isinstance(r, TensorRef) and _is_float(r)]
+    if not tensors:
+        return None
+    first = trace.tensor(tensors[0]).float()
+    if ep.select == "stream":
+        # vLLM's residual stream travels as (hidden, residual): their sum is HF's single hidden state.
+        for r in tensors[1:2]:
+            if r.shape == tensors[0].shape:
+                first = first + trace.tensor(r).float()
+    return first
+
+
+def _is_float(ref: TensorRef) -> bool:
+    return ref.dtype in ("float32", "float16", "bfloat16", "float64")
+
+
+def _token_rows(t: torch.Tensor, n: int, module: str) -> torch.Tensor:
+    """[n, …] (flat engine batch) or [1, …, n, …] (a reference batch of one) → [n, features]."""
+    if t.shape[0] == n and (t.dim() == 1 or t.shape[0] != 1 or n == 1):
+        return t.reshape(n, -1)
+    if t.shape[0] == 1:
+        for axis in range(1, t.dim()):
+            if t.shape[axis] == n:
+                return t[0].movedim(axis - 1, 0).reshape(n, -1)
+    raise AlignmentError(f"{module}: cannot find the token axis of a {list(t.shape)} tensor for {n} tokens")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def prove_alignment(traces: Traces) -> None:
+    t, r, y = traces.target, traces.reference, traces.reference_fp32
+    for tr in (t, r, y):
+        if not tr.run.complete:
+            raise BadInput(f"trace {tr.dir} is incomplete ({tr.run.failure or 'cut short'})",
+                           fix="re-run the capture (`--fresh`); the partial trace is kept for inspection")
+    if r.run.model != t.run.model or y.run.model != t.run.model:
+        raise BadInput(f"the traces are of different models: target {t.run.model}, reference {r.run.model}, "
+                       f"fp32 reference {y.run.model}", fix="capture all three runs from the same model")
+    for name, other in (("reference", r), ("fp32 reference", y)):
+        if len(other.run.token_ids) != len(t.run.token_ids):
+            raise BadInput(f"the target ran {len(t.run.token_ids)} sequences, the {name} "
+                           f"{len(other.run.token_ids)}", fix="capture all runs from the same prompts")
+        for i, (a, b) in enumerate(zip(t.run.token_ids, other.run.token_ids)):
+            if a != b:
+                at = next((j for j, (u, v) in enumerate(zip(a, b)) if u != v), min(len(a), len(b)))
+                raise BadInput(f"sequence {i}: the {name} was fed different tokens than the target from position "
+                               f"{at} (lengths {len(b)} vs {len(a)})",
+                               fix="teacher-force the reference on the target's tokens (re-run with --fresh)")
+    _prove_embeddings_equal(t, r)
+    for tr in (t, r):
+        _prove_layer_chain(tr)
+
+
+def _first_output(trace: Trace, module: str, select: str = "first") -> tuple[list[Key], torch.Tensor] | None:
+    calls = [c for c in trace.calls if c.module == module]
+    if not calls:
+        return None
+    rows = _gather(trace, {module: calls}, Endpoint([module], select=select), "tokens")
+    keys = sorted(rows)
+    return keys, torch.stack([rows[k] for k in keys])
+
+
+def _prove_embeddings_equal(t: Trace, r: Trace) -> None:
+    """An embedding lookup is a copy: the same token ids must give the same rows (up to the normaliser some
+    engines fold into the parent's forward, and one rounding of it)."""
+    name = next((c.module for c in t.calls if c.module.endswith("embed_tokens")), None)
+    if name is None:
+        return
+    a, b = _first_output(t, name), _first_output(r, name)
+    if a is None or b is None:
+        return
+    scale = t.run.declared.get("embedding_normalizer")
+    ta, tb = a[1], b[1]
+    if tb.shape != ta.shape:
+        raise BadInput(f"embeddings have different shapes: target {list(ta.shape)}, reference {list(tb.shape)}",
+                       fix="the traces are of different models; capture both from the same checkpoint")
+    if scale and not torch.allclose(ta, tb, rtol=1e-2, atol=1e-6):
+        ta = ta * scale
+    err = (ta - tb).norm() / tb.norm().clamp_min(1e-12)
+    if err > 2e-2:
+        raise BadInput(f"embedding proof failed: {name} differs between target and reference on the same token "
+                       f"ids (relative difference {err:.3g})",
+                       fix="the traces are of different models or different weights; capture both from one checkpoint")
+
+
+def _prove_layer_chain(trace: Trace) -> None:
+    """Within one framework, layer i's output is layer i+1's input: checks the stream reconstruction."""
+    layers = sorted({c.module for c in trace.calls if c.module.rsplit(".", 1)[-1].isdigit()
+                     and c.cls.endswith("DecoderLayer")}, key=lambda m: int(m.rsplit(".", 1)[-1]))
+    calls = _calls_by_module(trace)
+    for a, b in zip(layers, layers[1:]):
+        out = _gather(trace, calls, Endpoint([a], select="stream"), "tokens")
+        inp = _gather(trace, calls, Endpoint([b], port="input", select="stream"), "tokens")
+        keys = sorted(set(out) & set(inp))
+        if not keys:
+            continue
+        o = torch.stack([out[k] for k in keys])
+        i = torch.stack([inp[k] for k in keys])
+        err = (o - i).norm() / i.norm().clamp_min(1e-12)
+        if err > 1e-2:
+            raise AlignmentError(f"alignment proof failed in the {trace.run.framework} trace: the output of {a} "
+                                 f"is not the input of {b} (relative difference {err:.3g}); the residual stream "
+                                 f"is not reconstructed correctly for this architecture")

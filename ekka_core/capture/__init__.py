@@ -1,0 +1,96 @@
+"""Stage 1 — capture: three traces on the same token sequence.
+
+Entry point: :func:`capture`. The target generates greedily (X_T); the reference is then teacher-forced on the
+target's prompt + generated tokens in the same low precision (X_R) and in fp32 (Y_R).
+
+Each run happens in its own worker process (``python -m ekka_core.capture.worker``): an engine crash cannot take
+the caller down, what it captured so far is kept on disk marked incomplete, and vLLM's process-wide settings
+(threads, environment) never leak into the reference run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ekka_core.capture.trace import INDEX, Trace
+from ekka_core.errors import BadInput, EkkaError, InternalFailure
+from ekka_core.spec import DiagnosisSpec
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class CaptureResult:
+    target: Path
+    reference: Path
+    reference_fp32: Path
+    reused: bool = False
+
+
+def capture(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
+            progress: Progress = lambda msg: None, env: dict[str, str] | None = None) -> CaptureResult:
+    out_dir = Path(out_dir)
+    traces = out_dir / "traces"
+    result = CaptureResult(traces / "target", traces / "reference", traces / "reference-fp32")
+    stamp = traces / "spec.json"
+    fingerprint = spec.fingerprint() + _env_fingerprint(env)
+    if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
+            and all(_complete(p) for p in (result.target, result.reference, result.reference_fp32)):
+        progress("reusing traces (inputs unchanged; --fresh to re-capture)")
+        result.reused = True
+        return result
+    traces.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    spec_file = traces / "spec.in.json"
+    spec_file.write_text(json.dumps(spec.to_json()))
+
+    progress(f"tracing the target ({spec.target}, {spec.dtype})")
+    _worker("target", spec_file, result.target, env)
+    progress(f"tracing the reference (hf, {spec.dtype} and float32, teacher-forced)")
+    _worker("reference", spec_file, result.reference, env, extra=[str(result.target), str(result.reference_fp32)])
+    stamp.write_text(json.dumps({"fingerprint": fingerprint, "spec": spec.to_json()}))
+    return result
+
+
+def _env_fingerprint(env: dict[str, str] | None) -> str:
+    keys = sorted(k for k in (env or {}) if k.startswith("EKKA_"))
+    return "".join(f"|{k}={env[k]}" for k in keys)  # type: ignore[index]
+
+
+def _complete(path: Path) -> bool:
+    try:
+        return Trace(path).run.complete
+    except EkkaError:
+        return False
+
+
+def _worker(role: str, spec_file: Path, out: Path, env: dict[str, str] | None, extra: list[str] = ()) -> None:
+    cmd = [sys.executable, "-m", "ekka_core.capture.worker", role, str(spec_file), str(out), *extra]
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out.parent / f"{role}.log"
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode == 0:
+        return
+    # The worker's last stderr line is a JSON error record when it failed cleanly.
+    for line in reversed(proc.stderr.strip().splitlines()):
+        if line.startswith('{"ekka_error"'):
+            err = json.loads(line)["ekka_error"]
+            cls = BadInput if err["exit_code"] == 2 else InternalFailure
+            raise cls(err["message"], fix=err.get("fix"))
+    tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+    raise InternalFailure(f"the {role} run died (exit {proc.returncode}); partial trace kept in {out}; log: {log}\n"
+                          f"{tail}")
+
+
+def load(result: CaptureResult) -> tuple[Trace, Trace, Trace]:
+    return Trace(result.target), Trace(result.reference), Trace(result.reference_fp32)
+
+
+__all__ = ["capture", "CaptureResult", "load", "INDEX"]

@@ -1,0 +1,71 @@
+"""Reference runner for HF Transformers: teacher-forced on the target's tokens, in fp32 and in low precision.
+
+Teacher forcing (one forward over prompt + generated tokens) makes every reference position line up with a
+target position, decode steps included. The reference runs HF's literal ``eager`` attention: the fast ``sdpa``
+path silently drops Gemma-2's attention soft-capping, and a wrong reference would blame a correct engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ekka_core.capture.hooks import ModuleTracer
+from ekka_core.capture.trace import RunInfo, TraceWriter
+from ekka_core.errors import BadInput
+from ekka_core.spec import DiagnosisSpec
+
+ATTN_IMPLEMENTATION = "eager"
+
+
+def own_tokenization(model: str, prompts: list[str]) -> list[list[int]]:
+    """Token ids HF's tokenizer gives each prompt: the pre-flight compares them with the target's own."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return [list(tok(p)["input_ids"]) for p in prompts]
+
+
+def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int], dtype: str, role: str,
+        out_dir: Path) -> dict[str, Any]:
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch_dtype,
+                                                     attn_implementation=ATTN_IMPLEMENTATION)
+    except (OSError, ValueError, KeyError) as e:
+        raise BadInput(f"HF Transformers cannot load {spec.model}: {str(e).splitlines()[0]}",
+                       fix="pass a HF checkpoint directory whose architecture Transformers supports") from e
+    model.eval()
+
+    current: dict[str, Any] = {}
+
+    def layout(args: tuple, kwargs: dict) -> tuple[list[Any], list[int]]:
+        n = len(token_ids[current["seq"]])
+        return [current["seq"]] * n, list(range(n))
+
+    run_info = RunInfo(framework="hf", framework_version=transformers.__version__, role=role, model=spec.model,
+                       dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION, prompts=list(spec.prompts),
+                       own_prompt_token_ids=own_tokenization(spec.model, spec.prompts),
+                       token_ids=token_ids, prompt_lens=prompt_lens)
+    writer = TraceWriter(out_dir, run_info)
+    tracer = ModuleTracer(writer, layout).attach(model)
+    try:
+        with torch.no_grad():
+            for i, ids in enumerate(token_ids):
+                current["seq"] = i
+                model(input_ids=torch.tensor([ids]), use_cache=False)
+    except Exception as e:
+        tracer.detach()
+        writer.close(complete=False, failure=f"{type(e).__name__}: {e}")
+        raise
+    tracer.detach()
+    tracer.resolve_steps(lambda s: s, prompt_lens)
+    for step in writer.steps:
+        step.phase = "teacher-forced"   # one pass over prompt and generated tokens together
+    writer.close(complete=tracer.fired > 0, failure=None if tracer.fired else "no module hook fired")
+    return {"calls": len(writer.calls), "steps": len(writer.steps)}

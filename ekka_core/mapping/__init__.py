@@ -1,0 +1,175 @@
+"""Stage 3 — component mapping: which target module computes what which reference module(s) compute.
+
+Entry point: :func:`map_components`. Rules, tried in order for every module the target ran:
+
+1. ``packed``   — the engine's own ``packed_modules_mapping`` (vLLM ``qkv_proj`` ← HF ``q_proj, k_proj, v_proj``):
+                  one target module ↔ N reference modules, outputs concatenated along features (1:N).
+2. ``gated-activation`` — a fused ``*AndMul`` activation (``act(gate) * up``) ↔ the input of the reference's
+                  ``down_proj``: HF computes the product in the MLP's forward, not in a module.
+3. ``attention-core`` — the engine's attention kernel module (``attn``) ↔ the input of the reference ``o_proj``.
+4. ``logits``   — the engine's ``logits_processor`` ↔ the reference model's final ``logits`` (soft-capping and
+                  scaling included), at the positions the engine sampled.
+5. ``same-path`` — a module at the same dotted path in the reference (after the engine's ``hf_to_vllm_mapper``):
+                  the checkpoint tensors both load are the same, so are the components (1:1).
+6. ``unmapped`` with a reason — never silently dropped, never guessed.
+
+A mapping is a JSON artefact: save it, edit it, load it back (:func:`Mapping.load`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ekka_core.tree import ModelTree
+
+SCHEMA = "ekka.mapping/1"
+
+
+@dataclass
+class Endpoint:
+    modules: list[str]
+    port: str = "output"          # "output" | "input"
+    select: str = "first"         # "first" | "stream" (sum of hidden + residual) | "named:<key>"
+    scale: float | None = None    # multiply by a constant the other side folds into its own module
+    split_sizes: list[int] | None = None   # for 1:N, each reference module's width (GQA: q and kv differ)
+
+
+@dataclass
+class ComponentPair:
+    component: str                # the target module path: what the report names
+    relation: str                 # "1:1" | "1:N" | "N:1" | "shared"
+    rule: str
+    target: Endpoint
+    reference: Endpoint
+    rows: str = "tokens"          # "tokens" | "sampled"
+    compare_inputs: bool = False  # inputs are comparable too (1:1 same kind): enables local blame on inputs
+
+
+@dataclass
+class Unmapped:
+    module: str
+    cls: str
+    reason: str
+
+
+@dataclass
+class Mapping:
+    target_framework: str
+    reference_framework: str
+    pairs: list[ComponentPair] = field(default_factory=list)
+    unmapped: list[Unmapped] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    def pair(self, component: str) -> ComponentPair | None:
+        return next((p for p in self.pairs if p.component == component), None)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
+
+    @staticmethod
+    def load(path: Path) -> "Mapping":
+        d = json.loads(Path(path).read_text())
+        pairs = [ComponentPair(**{**p, "target": Endpoint(**p["target"]), "reference": Endpoint(**p["reference"])})
+                 for p in d["pairs"]]
+        return Mapping(d["target_framework"], d["reference_framework"], pairs,
+                       [Unmapped(**u) for u in d["unmapped"]], d.get("schema", SCHEMA))
+
+    def validate(self, target: ModelTree) -> list[str]:
+        """Every module the target ran must be mapped or explained. Returns the problems (empty = complete)."""
+        covered = {p.component for p in self.pairs} | {u.module for u in self.unmapped}
+        problems = [f"{m}: neither mapped nor explained" for m in target.modules if m not in covered]
+        problems += [f"{u.module}: unmapped ({u.reason})" for u in self.unmapped if u.reason.startswith("no rule")]
+        return problems
+
+
+# Classes whose output is not an activation of the model (sampling machinery) or has no reference counterpart.
+_NOT_COMPARABLE = {
+    "Sampler": "post-logits sampling: per-module activation comparison cannot see it",
+}
+
+
+def map_components(target: ModelTree, reference: ModelTree) -> Mapping:
+    mapping = Mapping(target.framework, reference.framework)
+    packed: dict[str, list[str]] = target.declared.get("packed_modules_mapping", {})
+    rename = target.declared.get("hf_to_vllm_mapper", {})
+    ref_modules = reference.modules
+    ref_path = {_to_target_name(r, rename): r for r in ref_modules}  # target-style name -> reference name
+    normalizer = target.declared.get("embedding_normalizer")
+
+    for name, node in target.modules.items():
+        leaf = name.rsplit(".", 1)[-1]
+        parent = name.rsplit(".", 1)[0] if "." in name else ""
+        cls = node.cls
+
+        def ref(child: str) -> str | None:
+            return ref_path.get(f"{parent}.{child}" if parent else child)
+
+        if name == "":
+            mapping.unmapped.append(Unmapped(name, cls, "model root: the engine returns hidden states, the "
+                                                        "reference logits; both are compared piecewise"))
+            continue
+        if cls in _NOT_COMPARABLE:
+            mapping.unmapped.append(Unmapped(name, cls, _NOT_COMPARABLE[cls]))
+            continue
+        # 1. packed (fused) modules, from the engine's declaration
+        if leaf in packed and all(ref(p) for p in packed[leaf]):
+            parts = [ref(p) for p in packed[leaf]]
+            widths = [reference.modules[p].out_features for p in parts]  # type: ignore[index]
+            mapping.pairs.append(ComponentPair(name, "1:N", f"packed_modules_mapping[{leaf!r}]",
+                                               Endpoint([name]), Endpoint(parts, split_sizes=widths)))  # type: ignore[arg-type]
+            continue
+        # 2. gated activation: act(gate) * up, which HF computes inside the MLP's forward
+        if cls.endswith("AndMul") and ref("down_proj"):
+            mapping.pairs.append(ComponentPair(name, "1:1", "gated-activation ↔ input of down_proj",
+                                               Endpoint([name]), Endpoint([ref("down_proj")], port="input")))  # type: ignore[list-item]
+            continue
+        # 3. attention core (kernel) ↔ what the reference feeds o_proj
+        if leaf == "attn" and ref("o_proj"):
+            mapping.pairs.append(ComponentPair(name, "1:1", "attention-core ↔ input of o_proj",
+                                               Endpoint([name]), Endpoint([ref("o_proj")], port="input")))  # type: ignore[list-item]
+            continue
+        # 4. logits
+        if cls == "LogitsProcessor" and "" in ref_modules:
+            mapping.pairs.append(ComponentPair(name, "1:1", "logits ↔ reference final logits",
+                                               Endpoint([name]), Endpoint([""], select="named:logits"),
+                                               rows="sampled"))
+            continue
+        if leaf == "rotary_emb" and name not in ref_path:
+            mapping.unmapped.append(Unmapped(name, cls, "the reference applies rotary embeddings with a function "
+                                                        "inside attention's forward; checked through attn"))
+            continue
+        # 5. same path
+        if name in ref_path:
+            r = ref_path[name]
+            stream = _is_residual_stream(node.cls)
+            scale = normalizer if (leaf == "embed_tokens" and normalizer and
+                                   "Scaled" in reference.modules[r].cls) else None
+            relation = "shared" if node.shared else "1:1"
+            mapping.pairs.append(ComponentPair(
+                name, relation, "same-path" + (" (engine applies the embedding normaliser in the parent's "
+                                               "forward)" if scale else ""),
+                Endpoint([name], select="stream" if stream else "first", scale=scale),
+                Endpoint([r]), compare_inputs=not scale and leaf != "embed_tokens"))
+            continue
+        mapping.unmapped.append(Unmapped(name, cls, "no rule: no reference module at this path and no "
+                                                    "declared weight mapping"))
+    return mapping
+
+
+def _is_residual_stream(cls: str) -> bool:
+    """vLLM decoder layers return (hidden, residual) whose sum is HF's single hidden stream."""
+    return cls.endswith("DecoderLayer") or cls.endswith("Block")
+
+
+def _to_target_name(ref_name: str, rename: dict[str, dict[str, str | None]]) -> str:
+    name = ref_name
+    for old, new in (rename.get("orig_to_new_prefix") or {}).items():
+        if new is not None and (name + ".").startswith(old):
+            name = (new + (name + ".")[len(old):]).rstrip(".")
+    for old, new in (rename.get("orig_to_new_substr") or {}).items():
+        if new is not None and old in name:
+            name = name.replace(old, new)
+    return name

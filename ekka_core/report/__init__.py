@@ -1,0 +1,167 @@
+"""Stage 6 — report: ``report.json`` (contract ``ekka.report/1``), ``report.md`` and a self-contained
+``report.html`` with the two plots (error ratio along the execution order, layer × position heat map).
+
+Entry point: :func:`write_report`. :func:`plot_data` gives the plots as data for the editor's webview.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from ekka_core.analysis import Ranking
+
+SCHEMA = "ekka.report/1"
+
+
+def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    suspects = [{
+        "rank": s.rank,
+        "target": {"module": s.module, "class": s.cls, "file": s.file, "line": s.line,
+                   "forward_file": s.forward_file, "forward_line": s.forward_line},
+        "reference": {"modules": s.reference_modules},
+        "error_ratio": None if math.isnan(s.error_ratio) else round(s.error_ratio, 3),
+        "input_ratio": None if s.input_ratio is None else round(s.input_ratio, 3),
+        "onset_token": s.onset_token, "onset_phase": s.onset_phase, "evidence": s.evidence,
+    } for s in ranking.suspects]
+    return {
+        "schema": SCHEMA, "verdict": ranking.verdict, "suspects": suspects,
+        "threshold": ranking.threshold, "dtype": ranking.dtype, "spec": spec, "meta": meta,
+        "checked": len(ranking.pairs), "unchecked": ranking.unchecked, "notes": ranking.notes,
+        "inputs_differ": ranking.inputs_differ, "plots": plot_data(ranking),
+    }
+
+
+def plot_data(ranking: Ranking) -> dict[str, Any]:
+    series = [{"component": p.component, "class": p.cls, "error_ratio": round(p.error_ratio, 4),
+               "input_ratio": None if p.input_ratio is None else round(p.input_ratio, 4)} for p in ranking.pairs]
+    # Heat map: decoder layers (residual stream after each layer) × token position, max over sequences.
+    layers = [p for p in ranking.pairs if re.fullmatch(r".*layers\.\d+", p.component)]
+    positions = sorted({pos for p in layers for _, pos, _ in p.token_ratios})
+    grid = []
+    for p in layers:
+        row: dict[int, float] = {}
+        for _, pos, r in p.token_ratios:
+            row[pos] = max(r, row.get(pos, 0.0))
+        grid.append([round(row.get(pos, float("nan")), 3) if pos in row else None for pos in positions])
+    return {"series": series, "change_point": ranking.change_point, "threshold": ranking.threshold,
+            "heatmap": {"layers": [p.component for p in layers], "positions": positions, "ratios": grid}}
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "html": out_dir / "report.html"}
+    paths["json"].write_text(json.dumps(report, indent=1))
+    paths["md"].write_text(render_markdown(report))
+    paths["html"].write_text(render_html(report))
+    return paths
+
+
+def headline(report: dict[str, Any]) -> str:
+    v = report["verdict"]
+    if v == "divergent" and report["suspects"]:
+        s = report["suspects"][0]
+        onset = f", from token {s['onset_token']}" if s["onset_token"] is not None else ""
+        return (f"divergent: {s['target']['module']} ({s['target']['class']}) departs from the reference "
+                f"(error ratio {s['error_ratio']}{onset})")
+    if v == "inputs-differ":
+        return "inputs-differ: the frameworks tokenise the prompt differently; no tensor was compared"
+    return f"consistent: {report['checked']} components within numerical noise (threshold {report['threshold']})"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Ekka report", "", f"**Verdict:** {headline(report)}", ""]
+    if report["suspects"]:
+        lines += ["| rank | module | class | source | error ratio | onset token | evidence |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in report["suspects"]:
+            t = s["target"]
+            lines.append(f"| {s['rank']} | `{t['module']}` | {t['class']} | {t['file']}:{t['line']} | "
+                         f"{s['error_ratio']} | {s['onset_token']} | {s['evidence']} |")
+        lines.append("")
+    for d in report["inputs_differ"]:
+        lines.append(f"- prompt {d['prompt']}: first difference at position {d['position']}: "
+                     f"target {d['target'][:12]} vs reference {d['reference'][:12]}")
+    lines += ["", f"Checked {report['checked']} component pairs."]
+    if report["unchecked"]:
+        lines += ["", "## Not checked", ""] + [f"- `{u['module']}`: {u['reason']}" for u in report["unchecked"]]
+    if report["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _color(r: float | None, thr: float) -> str:
+    if r is None or (isinstance(r, float) and math.isnan(r)):
+        return "#eee"
+    x = min(max(math.log10(max(r, 1e-3)) / math.log10(max(thr, 1.01)) / 3, 0.0), 1.0)  # 0 … thr³
+    return f"hsl({int(120 - 120 * x)},70%,{int(85 - 35 * x)}%)"
+
+
+def render_html(report: dict[str, Any]) -> str:
+    plots = report["plots"]
+    thr = plots["threshold"]
+    series = plots["series"]
+    w, h, pad = 900, 260, 40
+    n = max(len(series), 1)
+    ymax = max([math.log10(max(s["error_ratio"], 1e-3)) for s in series] + [math.log10(thr) + 1])
+    ymin = min([math.log10(max(s["error_ratio"], 1e-3)) for s in series] + [-1])
+
+    def xy(i: int, r: float) -> tuple[float, float]:
+        y = math.log10(max(r, 1e-3))
+        return pad + i * (w - 2 * pad) / max(n - 1, 1), h - pad - (y - ymin) / (ymax - ymin) * (h - 2 * pad)
+
+    pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, s["error_ratio"]) for i, s in enumerate(series)))
+    _, ty = xy(0, thr)
+    dots = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{"#c0392b" if s["error_ratio"] > thr else "#2c7"}">'
+                   f'<title>{html.escape(s["component"])} ({s["class"]}): {s["error_ratio"]:.3g}</title></circle>'
+                   for s, (x, y) in ((s, xy(i, s["error_ratio"])) for i, s in enumerate(series)))
+    cp = ""
+    if plots["change_point"] is not None:
+        cx, _ = xy(plots["change_point"], 1)
+        name = html.escape(series[plots["change_point"]]["component"])
+        cp = (f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{pad}" y2="{h - pad}" stroke="#c0392b" stroke-dasharray="4"/>'
+              f'<text x="{cx + 4:.1f}" y="{pad + 12}" fill="#c0392b" font-size="12">change point: {name}</text>')
+    ticks = "".join(f'<text x="4" y="{xy(0, 10 ** k)[1] + 4:.1f}" font-size="11">{10 ** k:g}</text>'
+                    for k in range(math.floor(ymin), math.ceil(ymax) + 1))
+    line_plot = (f'<svg width="{w}" height="{h}" role="img" aria-label="error ratio along execution order">'
+                 f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="#fafafa" stroke="#ccc"/>'
+                 f'<line x1="{pad}" x2="{w - pad}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#e67e22"/>'
+                 f'<text x="{w - pad - 90}" y="{ty - 4:.1f}" font-size="11" fill="#e67e22">threshold {thr}</text>'
+                 f'<polyline points="{pts}" fill="none" stroke="#888"/>{dots}{cp}{ticks}'
+                 f'<text x="{w / 2 - 120}" y="{h - 8}" font-size="12">module calls in execution order →</text></svg>')
+    hm = plots["heatmap"]
+    cell = max(4, min(14, 860 // max(len(hm["positions"]), 1)))
+    rows = "".join(
+        f'<tr><th>{html.escape(layer)}</th>' + "".join(
+            f'<td style="background:{_color(r, thr)};width:{cell}px;height:18px" title="position {pos}: '
+            f'{"—" if r is None else f"{r:.3g}"}"></td>' for pos, r in zip(hm["positions"], row)) + "</tr>"
+        for layer, row in zip(hm["layers"], hm["ratios"]))
+    heat = (f'<table class="heat"><caption>error ratio per decoder layer × token position '
+            f'(green ≈ noise, red ≫ threshold)</caption>{rows}<tr><th></th><td colspan="{len(hm["positions"])}">'
+            f'positions {hm["positions"][0] if hm["positions"] else ""} … {hm["positions"][-1] if hm["positions"] else ""}'
+            f'</td></tr></table>')
+    sus = "".join(
+        f'<tr><td>{s["rank"]}</td><td><code>{html.escape(s["target"]["module"])}</code></td>'
+        f'<td>{html.escape(s["target"]["class"])}</td>'
+        f'<td><code>{html.escape(str(s["target"]["file"]))}:{s["target"]["line"]}</code></td>'
+        f'<td>{s["error_ratio"]}</td><td>{s["onset_token"]}</td><td>{html.escape(s["evidence"])}</td></tr>'
+        for s in report["suspects"])
+    verdict_color = {"divergent": "#c0392b", "consistent": "#27ae60"}.get(report["verdict"], "#e67e22")
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Ekka report</title><style>
+body{{font-family:system-ui,sans-serif;margin:24px;color:#222}} h1{{margin:0 0 8px}}
+.verdict{{font-size:20px;padding:10px 14px;border-left:6px solid {verdict_color};background:#f6f6f6}}
+table{{border-collapse:collapse}} td,th{{padding:2px 6px;font-size:13px;text-align:left;vertical-align:top}}
+.suspects td,.suspects th{{border-bottom:1px solid #ddd}} .heat td{{padding:0}} code{{font-size:12px}}
+</style></head><body><h1>Ekka report</h1>
+<p class="verdict">{html.escape(headline(report))}</p>
+<h2>Suspects</h2><table class="suspects"><tr><th>#</th><th>module</th><th>class</th><th>source</th>
+<th>error ratio</th><th>onset token</th><th>evidence</th></tr>{sus or '<tr><td colspan=7>none</td></tr>'}</table>
+<h2>Error ratio along the execution order</h2>{line_plot}
+<h2>Where and when</h2>{heat}
+<p>Checked {report["checked"]} component pairs; {len(report["unchecked"])} not checked (see report.md).</p>
+</body></html>"""

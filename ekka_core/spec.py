@@ -1,0 +1,91 @@
+"""DiagnosisSpec: everything that defines one diagnosis. Built from CLI flags or a TOML spec file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ekka_core.errors import BadInput
+
+TARGETS = ("vllm", "sglang")
+REFERENCES = ("hf",)
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass
+class DiagnosisSpec:
+    model: str
+    prompts: list[str]
+    target: str = "vllm"
+    reference: str = "hf"
+    dtype: str = "bfloat16"
+    max_new_tokens: int = 8
+    # Passed to the target engine's constructor (vLLM: LLM(**engine_args)), e.g. max_model_len.
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    # Analysis threshold on the error ratio (DESIGN.md: correct ≤ 1.5, buggy ≥ 3.1; stable 1.5–2.5).
+    threshold: float = 2.0
+
+    def validate(self) -> "DiagnosisSpec":
+        if not self.model:
+            raise BadInput("no model given", fix="pass --model DIR_OR_ID (a local HF checkpoint directory)")
+        path = Path(self.model)
+        if not path.exists() and (self.model.startswith((".", "/")) or self.model.count("/") != 1):
+            raise BadInput(f"model path {self.model!r} does not exist",
+                           fix="pass a local HF checkpoint directory (config.json + weights)")
+        if path.exists() and not (path / "config.json").exists():
+            raise BadInput(f"{self.model} has no config.json", fix="pass the directory of a HF checkpoint")
+        if self.target not in TARGETS:
+            raise BadInput(f"unknown target {self.target!r}", fix=f"use --target {' or '.join(TARGETS)}")
+        if self.reference not in REFERENCES:
+            raise BadInput(f"unknown reference {self.reference!r}", fix="use --reference hf")
+        if self.dtype not in DTYPES:
+            raise BadInput(f"unsupported dtype {self.dtype!r}", fix=f"use one of {', '.join(DTYPES)}")
+        if not self.prompts or any(not p.strip() for p in self.prompts):
+            raise BadInput("empty prompt", fix="pass at least one non-empty --prompt TEXT")
+        if not (1 <= self.max_new_tokens <= 4096):
+            raise BadInput(f"--max-new-tokens {self.max_new_tokens} is out of range", fix="use 1..4096")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def fingerprint(self) -> str:
+        """Identifies the inputs of a capture: equal fingerprints ⇒ traces can be reused."""
+        blob = json.dumps({k: v for k, v in asdict(self).items() if k != "threshold"}, sort_keys=True)
+        model_stamp = ""
+        cfg = Path(self.model) / "config.json"
+        if cfg.exists():
+            model_stamp = hashlib.sha256(cfg.read_bytes()).hexdigest()
+            for w in sorted(Path(self.model).glob("*.safetensors")):
+                st = w.stat()
+                model_stamp += f"{w.name}:{st.st_size}:{st.st_mtime_ns}"
+        return hashlib.sha256((blob + model_stamp).encode()).hexdigest()[:16]
+
+    @staticmethod
+    def from_toml(path: Path | str) -> "DiagnosisSpec":
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise BadInput(f"spec file {path} does not exist", fix="pass an existing .ekka.toml file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise BadInput(f"spec file {path} cannot be read ({e})", fix="check the path and permissions") from None
+        except tomllib.TOMLDecodeError as e:
+            raise BadInput(f"spec file {path} is not valid TOML ({e})", fix="fix the syntax at that line") from None
+        known = set(DiagnosisSpec.__dataclass_fields__)
+        unknown = set(data) - known - {"prompt"}
+        if unknown:
+            raise BadInput(f"spec file {path} has unknown keys: {', '.join(sorted(unknown))}",
+                           fix=f"use only: {', '.join(sorted(known))}")
+        if "prompt" in data:
+            data.setdefault("prompts", []).append(data.pop("prompt"))
+        if "model" in data and not Path(data["model"]).is_absolute() and (path.parent / data["model"]).exists():
+            data["model"] = str((path.parent / data["model"]).resolve())
+        try:
+            return DiagnosisSpec(**data)
+        except TypeError as e:
+            raise BadInput(f"spec file {path}: {e}", fix="give at least `model` and `prompts`") from None

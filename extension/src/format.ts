@@ -1,0 +1,65 @@
+// Labels and file checks shown in the UI. Pure: no 'vscode' import, so it is unit-tested in plain Node.
+import type { Report, Suspect } from "./protocol";
+
+/** Error ratio as shown to people: one decimal below 100, a whole number from 100 on ("37.2", "140"). */
+export function formatRatio(ratio: number): string {
+  if (Number.isNaN(ratio)) {
+    return "?";
+  }
+  if (!Number.isFinite(ratio)) {
+    return ratio > 0 ? "∞" : "-∞";
+  }
+  const oneDecimal = Math.round(ratio * 10) / 10;
+  // Decide on the rounded value, so 99.96 reads "100", not "100.0".
+  if (Math.abs(oneDecimal) >= 100) {
+    return String(Math.round(ratio));
+  }
+  return oneDecimal.toFixed(1);
+}
+
+type SuspectLike = Pick<Suspect, "rank" | "error_ratio"> & {
+  target: { module: string; class: string };
+  onset_token?: number | null;
+};
+
+/** "#1 Attention · 37.2× · from token 17"; the onset part is left out when there is no onset token. */
+export function formatSuspectLabel(s: SuspectLike): string {
+  // A module with no recorded class (e.g. a functional op) is named by its module path.
+  const name = s.target.class !== "" ? s.target.class : s.target.module;
+  const parts = [`#${s.rank} ${name}`, `${formatRatio(s.error_ratio)}×`];
+  if (s.onset_token !== null && s.onset_token !== undefined) {
+    parts.push(`from token ${s.onset_token}`);
+  }
+  return parts.join(" · ");
+}
+
+/** One line for the status bar: the verdict, and for a divergent run its top-ranked suspect. */
+export function summarizeReport(report: Pick<Report, "verdict" | "suspects">): string {
+  switch (report.verdict) {
+    case "consistent":
+      return "consistent";
+    case "inputs-differ":
+      return "inputs differ";
+    case "divergent": {
+      const top = [...report.suspects].sort((a, b) => a.rank - b.rank)[0];
+      return top === undefined ? "divergent" : formatSuspectLabel(top);
+    }
+    default:
+      return String(report.verdict);
+  }
+}
+
+/**
+ * Whether "Diagnose silent error" applies to a file: a Python repro script (`*.py`) or an Ekka spec
+ * (`*.ekka.toml`, the same pattern as the menus' `resourceFilename =~ /\.ekka\.toml$/`).
+ * Accepts POSIX or Windows paths; the extension is matched case-insensitively (Windows, macOS file systems).
+ */
+export function isDiagnosableFile(filePath: string): boolean {
+  const base = filePath.split(/[\\/]/).pop() ?? "";
+  const lower = base.toLowerCase();
+  if (lower.endsWith(".ekka.toml")) {
+    return true;
+  }
+  // ".py" alone has no stem; a trailing separator (a directory) leaves an empty base name.
+  return lower.endsWith(".py") && lower.length > ".py".length;
+}

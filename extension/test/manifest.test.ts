@@ -1,0 +1,74 @@
+// Static checks of extension/package.json: the contributions the rest of the project relies on.
+import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
+import { test } from "node:test";
+import { isDiagnosableFile } from "../src/format";
+
+// Tests are bundled to out-test/, one level below the extension folder.
+const extensionDir = path.join(__dirname, "..");
+const manifest = JSON.parse(fs.readFileSync(path.join(extensionDir, "package.json"), "utf8"));
+
+test("identity and entry point", () => {
+  assert.equal(manifest.name, "ekka");
+  assert.equal(manifest.publisher, "ekka");
+  assert.equal(manifest.main, "./dist/extension.js");
+  assert.equal(manifest.engines.vscode, "^1.95.0");
+});
+
+test("@types/vscode is pinned to the engines minimum (vsce refuses newer typings)", () => {
+  const engineMin = manifest.engines.vscode.replace(/^\^/, "");
+  assert.equal(manifest.devDependencies["@types/vscode"], engineMin);
+});
+
+test("vscode-languageclient is a runtime dependency on major 9", () => {
+  assert.match(manifest.dependencies["vscode-languageclient"], /^\^9\./);
+});
+
+test("activates on Python files and on workspaces with *.ekka.toml specs", () => {
+  assert.deepEqual([...manifest.activationEvents].sort(), ["onLanguage:python", "workspaceContains:**/*.ekka.toml"]);
+});
+
+test("ekka.diagnose is titled and categorised as specified", () => {
+  const diagnose = manifest.contributes.commands.find((c: { command: string }) => c.command === "ekka.diagnose");
+  assert.deepEqual(diagnose, { command: "ekka.diagnose", title: "Diagnose silent error", category: "Ekka" });
+  for (const c of manifest.contributes.commands) {
+    assert.equal(c.category, "Ekka", `${c.command} is in the Ekka category`);
+  }
+});
+
+test("editor and explorer context menus offer ekka.diagnose on Python files and *.ekka.toml", () => {
+  for (const menu of ["editor/context", "explorer/context"]) {
+    const entries = manifest.contributes.menus[menu];
+    assert.equal(entries.length, 1, menu);
+    assert.equal(entries[0].command, "ekka.diagnose");
+    assert.equal(entries[0].when, "resourceLangId == python || resourceFilename =~ /\\.ekka\\.toml$/");
+  }
+});
+
+test("the menu's filename regex and isDiagnosableFile agree on spec files", () => {
+  const when: string = manifest.contributes.menus["explorer/context"][0].when;
+  const m = /resourceFilename =~ \/(.+)\/$/.exec(when);
+  assert.ok(m, "the when clause has a resourceFilename regex");
+  const re = new RegExp(m[1]);
+  for (const name of ["a.ekka.toml", ".ekka.toml", "ekka.toml", "a.ekka.toml.bak", "a.toml"]) {
+    assert.equal(re.test(name), isDiagnosableFile(name), name);
+  }
+});
+
+test("settings: interpreter, target.default (vllm|sglang), executor (local | ssh://host)", () => {
+  const props = manifest.contributes.configuration.properties;
+  assert.equal(props["ekka.interpreter"].type, "string");
+  assert.equal(props["ekka.interpreter"].default, "");
+  assert.deepEqual(props["ekka.target.default"].enum, ["vllm", "sglang"]);
+  assert.equal(props["ekka.target.default"].default, "vllm");
+  assert.equal(props["ekka.executor"].type, "string");
+  assert.equal(props["ekka.executor"].default, "local");
+  const pattern = new RegExp(props["ekka.executor"].pattern);
+  assert.ok(pattern.test("local"));
+  assert.ok(pattern.test("ssh://gpu-box"));
+  assert.ok(pattern.test("ssh://me@gpu-box:2222"));
+  assert.ok(!pattern.test("ssh://"));
+  assert.ok(!pattern.test("remote"));
+  assert.ok(!pattern.test(""));
+});

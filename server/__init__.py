@@ -1,0 +1,1 @@
+"""Ekka language server (pygls)."""
