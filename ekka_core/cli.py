@@ -19,8 +19,7 @@ EXIT = {"consistent": 0, "divergent": 1, "inputs-differ": 1}
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse exits 2 as well; keep its message to one line
-        self.print_usage(sys.stderr)
-        self.exit(2, f"ekka: error: {message}\n")
+        self.exit(2, f"ekka: error: {message} — see `{self.prog} --help`\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,17 +142,17 @@ def _print_report(report: dict[str, Any], paths: dict[str, Path]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ekka_core.report import headline
+    from ekka_core.report import headline, short_path
 
-    out = Console()
+    out = Console(width=max(Console().width, 140))
     colour = {"divergent": "red", "consistent": "green"}.get(report["verdict"], "yellow")
     out.print(f"[bold {colour}]{headline(report)}[/]")
     if report["suspects"]:
         t = Table(title="Suspects (most likely root cause first)")
         for col in ("#", "module", "class", "source", "error ratio", "onset token"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for s in report["suspects"]:
-            src = f"{s['target']['file']}:{s['target']['line']}" if s["target"]["file"] else "—"
+            src = f"{short_path(s['target']['file'])}:{s['target']['line']}" if s["target"]["file"] else "—"
             t.add_row(str(s["rank"]), s["target"]["module"], s["target"]["class"], src, str(s["error_ratio"]),
                       "—" if s["onset_token"] is None else str(s["onset_token"]))
         out.print(t)

@@ -30,6 +30,7 @@ class DiagnosisSpec:
     threshold: float = 2.0
 
     def validate(self) -> "DiagnosisSpec":
+        self._check_types()
         if not self.model:
             raise BadInput("no model given", fix="pass --model DIR_OR_ID (a local HF checkpoint directory)")
         path = Path(self.model)
@@ -49,6 +50,24 @@ class DiagnosisSpec:
         if not (1 <= self.max_new_tokens <= 4096):
             raise BadInput(f"--max-new-tokens {self.max_new_tokens} is out of range", fix="use 1..4096")
         return self
+
+    def _check_types(self) -> None:
+        """Spec files arrive untyped: wrong types are bad input (exit 2), never a crash later on."""
+        def bad(field_: str, want: str) -> BadInput:
+            return BadInput(f"spec field `{field_}` must be {want}, got {getattr(self, field_)!r}",
+                            fix=f"write `{field_}` as {want}")
+        for name in ("model", "target", "reference", "dtype"):
+            if not isinstance(getattr(self, name), str):
+                raise bad(name, "a string")
+        if isinstance(self.prompts, str) or not isinstance(self.prompts, list) \
+                or not all(isinstance(p, str) for p in self.prompts):
+            raise bad("prompts", 'a list of strings, e.g. prompts = ["first", "second"]')
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise bad("max_new_tokens", "an integer")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or self.threshold <= 1:
+            raise bad("threshold", "a number above 1 (the error ratio of a correct component is ≈ 1)")
+        if not isinstance(self.engine_args, dict):
+            raise bad("engine_args", "a table, e.g. [engine_args] max_model_len = 1024")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

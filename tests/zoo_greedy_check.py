@@ -4,7 +4,8 @@
 
 Two fixed prompts of different lengths are submitted as one batch (the long one is past 40 tokens, so a
 sliding window of 16 is exceeded). fp32, temperature 0, ``ignore_eos=True``, ``max_tokens=N_TOKENS``.
-The LAST line of stdout is ``{"prompt_token_ids": [[...], [...]], "generated": [[...], [...]]}``; tests compare it
+The LAST line of stdout is ``{"prompt_token_ids": [[...], [...]], "generated": [[...], [...]],
+"generated_logprobs": [[...], [...]]}``; tests compare it
 against HF Transformers run on the very same prompt token ids. One engine per process (vLLM's CPU build does not
 start a second one cleanly), so this runs in a subprocess of the test.
 """
@@ -47,12 +48,15 @@ def main(argv: list[str]) -> int:
 
     llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, compilation_config={"mode": 0},
               enable_prefix_caching=False, max_model_len=512, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, logprobs=1)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
 
     result = {
         "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
         "generated": [list(o.outputs[0].token_ids) for o in outputs],
+        # log-probability vLLM gave each token it generated (full-vocabulary log-softmax of the final logits)
+        "generated_logprobs": [[step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                               for o in outputs],
     }
     sys.stdout.flush()
     print(json.dumps(result), flush=True)

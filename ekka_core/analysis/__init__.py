@@ -35,6 +35,10 @@ import torch
 
 from ekka_core.align import AlignedPair, AlignedPairs
 
+# A non-finite output (NaN/inf, e.g. fp16 overflow) is the strongest divergence there is; it is reported as this
+# ratio so that it ranks above everything and stays valid JSON.
+NON_FINITE_RATIO = 1e9
+
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24}
 KERNEL_NOISE_FLOOR = 1e-5   # relative error two correct fp32 kernels can differ by (different summation order)
 
@@ -110,7 +114,7 @@ def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_class
         ranking.notes.append("no mapped pair could be compared")
         return ranking
 
-    ratios = np.array([max(p.error_ratio, 1e-6) for p in results])
+    ratios = np.array([max(_finite(p.error_ratio), 1e-6) for p in results])
     start = _first_sustained_shift(np.log10(ratios), math.log10(threshold))
     if start is None:
         above = [p.component for p in results if p.error_ratio > threshold]
@@ -124,12 +128,16 @@ def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_class
     return ranking
 
 
+def _finite(r: float) -> float:
+    return r if math.isfinite(r) else NON_FINITE_RATIO
+
+
 def _pair_result(ap: AlignedPair, dtype: str, classes: dict[str, dict[str, Any]]) -> PairResult:
-    r = float(error_ratio(ap.target, ap.reference, ap.reference_fp32, dtype))
+    r = _finite(float(error_ratio(ap.target, ap.reference, ap.reference_fp32, dtype)))
     rin = None
     if ap.inputs is not None:
-        rin = float(error_ratio(*ap.inputs, dtype))
-    per_tok = error_ratio(ap.target, ap.reference, ap.reference_fp32, dtype, dim=1).tolist()
+        rin = _finite(float(error_ratio(*ap.inputs, dtype)))
+    per_tok = [_finite(v) for v in error_ratio(ap.target, ap.reference, ap.reference_fp32, dtype, dim=1).tolist()]
     rel = float((ap.target - ap.reference_fp32).norm() / ap.reference_fp32.norm().clamp_min(1e-30))
     return PairResult(component=ap.pair.component, cls=classes.get(ap.pair.component, {}).get("cls", "?"),
                       order=ap.order, reference_modules=list(ap.pair.reference.modules), rule=ap.pair.rule,
@@ -140,6 +148,8 @@ def _pair_result(ap: AlignedPair, dtype: str, classes: dict[str, dict[str, Any]]
 def _first_sustained_shift(log_r: np.ndarray, log_thr: float) -> int | None:
     import ruptures as rpt
 
+    log_r = np.nan_to_num(np.asarray(log_r, dtype=float), nan=math.log10(NON_FINITE_RATIO),
+                          posinf=math.log10(NON_FINITE_RATIO), neginf=-6.0)
     n = len(log_r)
     if n == 0 or not (log_r > log_thr).any():
         return None
@@ -168,13 +178,14 @@ def _blamed(results: list[PairResult], i: int, threshold: float) -> bool:
         return p.input_ratio <= threshold
     # No comparable input: the preceding pair in execution order stands in for it. Parents complete after
     # their children, so a parent never looks locally to blame for its children's error.
-    prev = next((q for q in reversed(results[:i]) if not p.component.startswith(q.component + ".")), None)
+    prev = next((q for q in reversed(results[:i]) if not q.component.startswith(p.component + ".")), None)
     return prev is None or prev.error_ratio <= threshold
 
 
 def _onset(p: PairResult, threshold: float, prompt_lens: list[int]) -> tuple[int | None, str | None]:
     """First token position where this pair's ratio rises above the threshold and stays there (per sequence)."""
     best: int | None = None
+    best_seq = 0
     by_seq: dict[int, list[tuple[int, float]]] = {}
     for s, pos, r in p.token_ratios:
         by_seq.setdefault(s, []).append((pos, r))
@@ -183,12 +194,13 @@ def _onset(p: PairResult, threshold: float, prompt_lens: list[int]) -> tuple[int
         vals = np.array([r for _, r in rows])
         for j, (pos, r) in enumerate(rows):
             if r > threshold and np.median(vals[j:]) > threshold:
-                best = pos if best is None else min(best, pos)
+                if best is None or pos < best:
+                    best, best_seq = pos, s
                 break
     if best is None:
         return None, None
-    phases = ["prefill" if best < L else f"decode:{best - L + 1}" for L in prompt_lens]
-    return best, phases[0] if len(set(phases)) == 1 else "mixed"
+    prompt_len = prompt_lens[best_seq] if best_seq < len(prompt_lens) else best + 1
+    return best, "prefill" if best < prompt_len else f"decode:{best - prompt_len + 1}"
 
 
 def _rank(results: list[PairResult], start: int, threshold: float, classes: dict[str, dict[str, Any]],
@@ -196,7 +208,12 @@ def _rank(results: list[PairResult], start: int, threshold: float, classes: dict
     """Rank 1: the first locally blamed pair at or after the change point (where the error is introduced).
     Then: later locally blamed pairs (independent second sources), in execution order. Then the enclosing
     modules of rank 1, nearest first (the bug may sit in the parent's forward between two modules)."""
-    order: list[int] = [i for i in range(start, len(results)) if _blamed(results, i, threshold)]
+    order: list[int] = []
+    for i in range(start, len(results)):
+        name = results[i].component
+        # A module enclosing an already chosen suspect inherits its error; it is not a second source.
+        if _blamed(results, i, threshold) and not any(results[j].component.startswith(name + ".") for j in order):
+            order.append(i)
     if not order:
         order = [start]
     suspects: list[Suspect] = []
@@ -206,8 +223,11 @@ def _rank(results: list[PairResult], start: int, threshold: float, classes: dict
     top = results[order[0]].component
     by_name = {p.component: p for p in results}
     parts = top.split(".")
+    named = {s.module for s in suspects}
     for k in range(len(parts) - 1, 0, -1):
         parent = ".".join(parts[:k])
+        if parent in named:
+            break
         if re.fullmatch(r".*\.\d+", parent) is None and parent in classes and len(suspects) < 5:
             pr = by_name.get(parent)
             s = _suspect(pr, len(suspects) + 1, threshold, classes, prompt_lens, "encloses the top suspect") if pr \

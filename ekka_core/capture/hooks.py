@@ -131,12 +131,19 @@ class ModuleTracer:
             return self.writer.add_tensor(key, x)
         return _summary(x)
 
+    def flush_index(self) -> None:
+        for step, reqs in zip(self.writer.steps, self._step_req):
+            if not step.seq:
+                step.req = [None if r is None else str(r) for r in reqs]
+        self.writer.checkpoint()
+
     # -- closing ----------------------------------------------------------------------------------------------
     def resolve_steps(self, seq_of: Callable[[Any], int], prompt_lens: list[int]) -> None:
         """Turn raw request ids into sequence indices and name each step's phase from prompt lengths."""
         decode_k = 0
         for step, reqs in zip(self.writer.steps, self._step_req):
             step.seq = [seq_of(r) if r is not None else -1 for r in reqs]
+            step.req = None
             in_prompt = all(p < prompt_lens[s] for s, p in zip(step.seq, step.pos) if s >= 0)
             if in_prompt:
                 step.phase = "prefill"

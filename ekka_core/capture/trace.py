@@ -71,6 +71,7 @@ class Step:
     phase: str                 # "prefill" or "decode:k"
     seq: list[int]             # per row: which sequence (prompt index)
     pos: list[int]             # per row: token position in that sequence
+    req: list[str | None] | None = None   # the engine's raw request ids, kept when not resolved to sequences
 
 
 @dataclass
@@ -135,6 +136,10 @@ class TraceWriter:
             self._shard += 1
         self._pending = {}
         self._pending_bytes = 0
+
+    def checkpoint(self) -> None:
+        """Make what was captured so far readable on disk (marked incomplete): for engines Ekka does not drive."""
+        self.close(complete=False, failure="still running or not closed")
 
     def close(self, *, complete: bool, failure: str | None = None) -> Path:
         """Write the index. An incomplete trace (crash, cut short) is kept and marked so, never discarded."""

@@ -1,15 +1,25 @@
 """Ekka's vLLM general plugin (entry point ``vllm.general_plugins: ekka``).
 
 vLLM calls :func:`register` in every process it starts (engine core, tensor-parallel workers, ``vllm serve``),
-alongside every other installed plugin — Ekka never changes which plugins load. It does nothing unless asked:
-``EKKA_INJECT_BUG=<name>`` re-injects a known historical bug (benchmark and demo only).
+alongside every other installed plugin — Ekka never changes which plugins load. What it adds:
+
+* a worker method ``ekka_trace_control(cmd, …)``, so a driver can start and close tracing in every worker with
+  ``LLM.collective_rpc("ekka_trace_control", …)`` — plain data over the wire, no pickled callables;
+* ``EKKA_TRACE_DIR=DIR`` (for engines Ekka does not drive, e.g. ``vllm serve``): each worker starts tracing at its
+  first real ``execute_model`` (warm-up passes never get there) and rewrites its index after every step, so the trace
+  on disk is always readable (marked incomplete until the process exits cleanly);
+* ``EKKA_INJECT_BUG=<name>``: re-injects a known historical bug (benchmark and demo only).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+from pathlib import Path
+from typing import Any
 
 _done = False
+TRACE_DIR_ENV = "EKKA_TRACE_DIR"
 
 
 def register() -> None:
@@ -17,7 +27,42 @@ def register() -> None:
     if _done:
         return
     _done = True
+    from vllm.v1.worker import worker_base
+
+    worker_base.WorkerBase.ekka_trace_control = _trace_control  # type: ignore[attr-defined]
+    if os.environ.get(TRACE_DIR_ENV):
+        _autostart(Path(os.environ[TRACE_DIR_ENV]))
     name = os.environ.get("EKKA_INJECT_BUG")
     if name:
         from ekka_core import bugs
         bugs.get(name).inject()
+
+
+def _trace_control(worker: Any, cmd: str, *args: Any) -> Any:
+    from ekka_core.capture import vllm_tracing
+
+    if cmd == "start":
+        return vllm_tracing.start(worker, *args)
+    if cmd == "close":
+        return vllm_tracing.close(*args)
+    raise ValueError(f"unknown ekka_trace_control command {cmd!r}")
+
+
+def _autostart(directory: Path) -> None:
+    from vllm.v1.worker import gpu_model_runner
+
+    original = gpu_model_runner.GPUModelRunner.execute_model
+
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from ekka_core.capture import vllm_tracing
+
+        if vllm_tracing.active() is None and not getattr(self, "_ekka_started", False):
+            self._ekka_started = True
+            vllm_tracing.start_on_runner(self, str(directory), {"framework": "vllm", "role": "target",
+                                                                "model": str(self.model_config.model),
+                                                                "dtype": str(self.model_config.dtype)},
+                                         flush_every_step=True)
+            atexit.register(vllm_tracing.close, {}, [], [], [], [], None)
+        return original(self, *args, **kwargs)
+
+    gpu_model_runner.GPUModelRunner.execute_model = execute_model

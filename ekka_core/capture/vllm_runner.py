@@ -1,8 +1,9 @@
 """Target runner for vLLM: greedy generation of all prompts as one batch, every module call traced.
 
-Runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): hooks are installed on the worker's model through
-``LLM.collective_rpc`` after the engine is built (so warm-up passes are not traced) and before generation.
-Must run in its own process (the capture worker): vLLM owns torch's thread and memory settings there.
+With one rank the engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0); with tensor parallelism its workers
+are processes of their own. Either way hooks are installed in every worker by Ekka's vLLM plugin, through
+``LLM.collective_rpc("ekka_trace_control", …)`` after the engine is built (so warm-up passes are not traced) and
+before generation. Must run in its own process (the capture worker): vLLM owns torch's threads there.
 """
 
 from __future__ import annotations
@@ -11,18 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ekka_core.capture.hooks import ModuleTracer
-from ekka_core.capture.trace import RunInfo, TraceWriter
+from ekka_core.capture.trace import RunInfo
 from ekka_core.errors import BadInput, InternalFailure
 from ekka_core.spec import DiagnosisSpec
-
-# The worker-side tracer; one per process (a TP worker is its own process).
-_TRACER: ModuleTracer | None = None
-
-
-def _engine_env() -> None:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def engine_args(spec: DiagnosisSpec) -> dict[str, Any]:
@@ -41,84 +33,31 @@ def engine_args(spec: DiagnosisSpec) -> dict[str, Any]:
     if user.get("enable_prefix_caching"):
         raise BadInput("engine_args.enable_prefix_caching=true: cached prefix positions are never recomputed",
                        fix="remove enable_prefix_caching from the spec")
+    if int(user.get("tensor_parallel_size", 1)) > 1:
+        args["distributed_executor_backend"] = "mp"
     args.update(user)
     return args
 
 
-def declared_weight_mapping(model: Any) -> dict[str, Any]:
-    """What vLLM itself says about loading HF checkpoints into this model class."""
-    declared: dict[str, Any] = {"model_class": f"{type(model).__module__}.{type(model).__qualname__}"}
-    packed = getattr(model, "packed_modules_mapping", None) or getattr(type(model), "packed_modules_mapping", None)
-    declared["packed_modules_mapping"] = {k: list(v) for k, v in (packed or {}).items()}
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    if mapper is not None:
-        declared["hf_to_vllm_mapper"] = {a: {str(k): (str(v) if v is not None else None) for k, v in
-                                              (getattr(mapper, a, None) or {}).items()}
-                                         for a in ("orig_to_new_prefix", "orig_to_new_substr", "orig_to_new_suffix")}
-    inner = getattr(model, "model", None)
-    normalizer = getattr(inner, "normalizer", None)
-    if normalizer is not None:
-        declared["embedding_normalizer"] = float(normalizer)
-    return declared
-
-
-def _install(worker: Any, out_dir: str, run: dict[str, Any]) -> int:
-    """Runs inside the vLLM worker: attach the tracer to the loaded model."""
-    global _TRACER
-    runner = worker.model_runner
-    model = runner.get_model()
-
-    def layout(args: tuple, kwargs: dict) -> tuple[list[Any], list[int]]:
-        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        pos = positions.tolist()
-        batch = runner.input_batch
-        n = batch.num_reqs
-        starts = runner.query_start_loc.np[: n + 1].tolist()
-        reqs: list[Any] = [None] * len(pos)  # rows past the last request are padding
-        for i, rid in enumerate(batch.req_ids[:n]):
-            for row in range(starts[i], starts[i + 1]):
-                reqs[row] = rid
-        return reqs, pos
-
-    writer = TraceWriter(Path(out_dir), RunInfo(**run))
-    writer.run.declared = declared_weight_mapping(model)
-    _TRACER = ModuleTracer(writer, layout).attach(model)
-    return len(_TRACER.handles)
-
-
-def _close(worker: Any, seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[list[int]],
-           generated: list[list[int]], own_prompt_ids: list[list[int]], failure: str | None) -> dict[str, int]:
-    global _TRACER
-    tracer = _TRACER
-    assert tracer is not None
-    tracer.detach()
-
-    def seq_of(rid: str) -> int:
-        if rid in seq_by_req:
-            return seq_by_req[rid]
-        # the engine may suffix the external id ("0-3f2a…"): match on the external prefix
-        for ext, s in seq_by_req.items():
-            if rid.startswith(ext + "-"):
-                return s
-        raise InternalFailure(f"trace step mentions request {rid!r} that the batch did not contain")
-
-    run = tracer.writer.run
-    run.token_ids, run.prompt_lens, run.generated_ids = token_ids, prompt_lens, generated
-    run.own_prompt_token_ids = own_prompt_ids
-    if failure is None:
-        tracer.resolve_steps(seq_of, prompt_lens)
-    tracer.writer.close(complete=failure is None and tracer.fired > 0,
-                        failure=failure or (None if tracer.fired else "no module hook fired"))
-    _TRACER = None
-    return {"calls": len(tracer.writer.calls), "steps": len(tracer.writer.steps), "fired": tracer.fired}
+def _engine_env(args: dict[str, Any]) -> None:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    tp = int(args.get("tensor_parallel_size", 1))
+    if tp == 1:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    else:
+        # CPU TP workers need explicit core binding, one group per rank ("Not enough allowed NUMA nodes").
+        cores = os.cpu_count() or tp
+        per = max(cores // tp, 1)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
+            f"{r * per}-{r * per + per - 1}" if per > 1 else str(r * per) for r in range(tp)))
 
 
 def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
-    _engine_env()
+    args = engine_args(spec)
+    _engine_env(args)
     import vllm
     from vllm import LLM, SamplingParams
 
-    args = engine_args(spec)
     try:
         llm = LLM(**args)
     except Exception as e:  # vLLM reports unsupported architectures and bad configs as plain exceptions
@@ -140,7 +79,8 @@ def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
                        dtype=spec.dtype, engine_args={k: v for k, v in args.items() if k != "model"},
                        prompts=list(spec.prompts))
     from dataclasses import asdict
-    llm.collective_rpc(_install, args=(str(out_dir), asdict(run_info)))
+    # The worker method comes from Ekka's vLLM plugin, loaded by vLLM itself in every worker process.
+    llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), asdict(run_info)))
     params = SamplingParams(temperature=0.0, max_tokens=spec.max_new_tokens, ignore_eos=True)
     failure = None
     outputs = []
@@ -153,8 +93,11 @@ def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
     generated = [list(o.outputs[0].token_ids) for o in outputs]
     # What the model was fed: the prompt and every generated token but the last (which is only sampled).
     token_ids = [p + g[:-1] for p, g in zip(prompt_ids, generated)]
-    stats = llm.collective_rpc(_close, args=(seq_by_req, [len(p) for p in prompt_ids], token_ids, generated,
-                                             own_ids, failure))[0]
+    stats = llm.collective_rpc("ekka_trace_control", args=("close", seq_by_req, [len(p) for p in prompt_ids],
+                                                           token_ids, generated, own_ids, failure))
+    if args.get("tensor_parallel_size", 1) > 1 and failure is None:
+        from ekka_core.capture.unshard import unshard
+        unshard([Path(out_dir) / f"rank-{r}" for r in range(args["tensor_parallel_size"])], Path(out_dir))
     if failure:
         raise InternalFailure(failure + f" (partial trace kept in {out_dir}, marked incomplete)")
-    return stats
+    return {"ranks": stats}

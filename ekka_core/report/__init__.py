@@ -13,9 +13,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ekka_core.analysis import Ranking
+from ekka_core.analysis import NON_FINITE_RATIO, Ranking
 
 SCHEMA = "ekka.report/1"
+
+
+def _ratio(r: float | None, digits: int = 3) -> float | None:
+    """Ratios as strict JSON numbers: NaN/inf (an overflowing target) become NON_FINITE_RATIO."""
+    if r is None:
+        return None
+    return round(r, digits) if math.isfinite(r) else NON_FINITE_RATIO
 
 
 def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
@@ -24,8 +31,9 @@ def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any]
         "target": {"module": s.module, "class": s.cls, "file": s.file, "line": s.line,
                    "forward_file": s.forward_file, "forward_line": s.forward_line},
         "reference": {"modules": s.reference_modules},
-        "error_ratio": None if math.isnan(s.error_ratio) else round(s.error_ratio, 3),
-        "input_ratio": None if s.input_ratio is None else round(s.input_ratio, 3),
+        # NaN marks an enclosing module that was not itself compared (see analysis._rank)
+        "error_ratio": None if math.isnan(s.error_ratio) else _ratio(s.error_ratio),
+        "input_ratio": _ratio(s.input_ratio),
         "onset_token": s.onset_token, "onset_phase": s.onset_phase, "evidence": s.evidence,
     } for s in ranking.suspects]
     return {
@@ -37,8 +45,8 @@ def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any]
 
 
 def plot_data(ranking: Ranking) -> dict[str, Any]:
-    series = [{"component": p.component, "class": p.cls, "error_ratio": round(p.error_ratio, 4),
-               "input_ratio": None if p.input_ratio is None else round(p.input_ratio, 4)} for p in ranking.pairs]
+    series = [{"component": p.component, "class": p.cls, "error_ratio": _ratio(p.error_ratio, 4),
+               "input_ratio": _ratio(p.input_ratio, 4)} for p in ranking.pairs]
     # Heat map: decoder layers (residual stream after each layer) × token position, max over sequences.
     layers = [p for p in ranking.pairs if re.fullmatch(r".*layers\.\d+", p.component)]
     positions = sorted({pos for p in layers for _, pos, _ in p.token_ratios})
@@ -47,7 +55,7 @@ def plot_data(ranking: Ranking) -> dict[str, Any]:
         row: dict[int, float] = {}
         for _, pos, r in p.token_ratios:
             row[pos] = max(r, row.get(pos, 0.0))
-        grid.append([round(row.get(pos, float("nan")), 3) if pos in row else None for pos in positions])
+        grid.append([_ratio(row[pos]) if pos in row else None for pos in positions])
     return {"series": series, "change_point": ranking.change_point, "threshold": ranking.threshold,
             "heatmap": {"layers": [p.component for p in layers], "positions": positions, "ratios": grid}}
 
@@ -60,6 +68,16 @@ def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     paths["md"].write_text(render_markdown(report))
     paths["html"].write_text(render_html(report))
     return paths
+
+
+def short_path(path: str | None) -> str:
+    """``…/site-packages/vllm/x.py`` → ``vllm/x.py``: the part an engine developer recognises."""
+    if not path:
+        return "—"
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
 
 
 def headline(report: dict[str, Any]) -> str:

@@ -179,3 +179,22 @@ def _train_tokenizer(out: Path, config: dict[str, Any]) -> None:
                                    pad_token="<pad>", unk_token="<unk>")
     fast.model_max_length = config["max_position_embeddings"]
     fast.save_pretrained(out)
+
+
+def tokenizer_without_bos(model_dir: Path | str) -> Path:
+    """A copy of ``model_dir``'s tokenizer that does not prepend BOS — what a harness that forgets Gemma's BOS
+    feeds the engine (vLLM #28539). Pass it as the target's ``tokenizer`` engine argument."""
+    from tokenizers import Tokenizer, processors
+
+    model_dir = Path(model_dir)
+    out = model_dir.parent / f"{model_dir.name}-tokenizer-no-bos"
+    if (out / "tokenizer.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, out / name)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(out / "tokenizer.json"))
+    return out

@@ -1,0 +1,127 @@
+"""Tracing inside a vLLM worker process: attach a ModuleTracer to the worker's model, close it on request.
+
+Used by Ekka's vLLM plugin in every worker (in-process engine, multiprocess engine core, each tensor-parallel
+rank). With tensor parallelism each rank writes its own trace under ``rank-<k>/`` with the metadata needed to
+unshard it (:mod:`ekka_core.capture.unshard`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ekka_core.capture.hooks import ModuleTracer
+from ekka_core.capture.trace import RunInfo, TraceWriter
+
+_TRACER: ModuleTracer | None = None
+
+
+def active() -> ModuleTracer | None:
+    return _TRACER
+
+
+def start(worker: Any, out_dir: str, run: dict[str, Any]) -> dict[str, Any]:
+    return start_on_runner(worker.model_runner, out_dir, run)
+
+
+def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, flush_every_step: bool = False
+                    ) -> dict[str, Any]:
+    global _TRACER
+    import vllm
+    from vllm.distributed import parallel_state
+
+    model = runner.get_model()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    directory = Path(out_dir) / f"rank-{tp_rank}" if tp_size > 1 else Path(out_dir)
+    known = {f.name for f in fields(RunInfo)}
+    info = RunInfo(**{"framework_version": vllm.__version__, **{k: v for k, v in run.items() if k in known}})
+    info.tp_rank, info.tp_size = tp_rank, tp_size
+    info.declared = declared_weight_mapping(model)
+    info.declared["tp_layout"] = tp_layout(model)
+    writer = TraceWriter(directory, info)
+
+    def layout(args: tuple, kwargs: dict) -> tuple[list[Any], list[int]]:
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        pos = positions.tolist()
+        batch = runner.input_batch
+        n = batch.num_reqs
+        starts = runner.query_start_loc.np[: n + 1].tolist()
+        reqs: list[Any] = [None] * len(pos)  # rows past the last request are padding
+        for i, rid in enumerate(batch.req_ids[:n]):
+            for row in range(starts[i], starts[i + 1]):
+                reqs[row] = rid
+        if flush_every_step and _TRACER is not None and writer.steps:
+            _TRACER.flush_index()
+        return reqs, pos
+
+    _TRACER = ModuleTracer(writer, layout).attach(model)
+    return {"rank": tp_rank, "dir": str(directory), "pid": os.getpid()}
+
+
+def close(seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[list[int]],
+          generated: list[list[int]], own_prompt_ids: list[list[int]], failure: str | None) -> dict[str, Any]:
+    global _TRACER
+    tracer = _TRACER
+    if tracer is None:
+        return {"calls": 0, "steps": 0, "fired": 0}
+    tracer.detach()
+
+    def seq_of(rid: str) -> int:
+        if rid in seq_by_req:
+            return seq_by_req[rid]
+        for ext, s in seq_by_req.items():   # the engine may suffix the external id ("0-3f2a…")
+            if rid.startswith(ext + "-"):
+                return s
+        return -1
+
+    run = tracer.writer.run
+    run.token_ids, run.prompt_lens, run.generated_ids = token_ids, prompt_lens, generated
+    run.own_prompt_token_ids = own_prompt_ids
+    if seq_by_req:
+        tracer.resolve_steps(seq_of, prompt_lens)
+    ok = failure is None and tracer.fired > 0 and bool(seq_by_req)
+    tracer.writer.close(complete=ok, failure=failure or (None if tracer.fired else "no module hook fired: the "
+                                                         "model ran under CUDA graphs or torch.compile"))
+    _TRACER = None
+    return {"calls": len(tracer.writer.calls), "steps": len(tracer.writer.steps), "fired": tracer.fired,
+            "rank": run.tp_rank}
+
+
+def declared_weight_mapping(model: Any) -> dict[str, Any]:
+    """What vLLM itself says about loading HF checkpoints into this model class."""
+    declared: dict[str, Any] = {"model_class": f"{type(model).__module__}.{type(model).__qualname__}"}
+    packed = getattr(model, "packed_modules_mapping", None) or getattr(type(model), "packed_modules_mapping", None)
+    declared["packed_modules_mapping"] = {k: list(v) for k, v in (packed or {}).items()}
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None:
+        declared["hf_to_vllm_mapper"] = {a: {str(k): (str(v) if v is not None else None) for k, v in
+                                              (getattr(mapper, a, None) or {}).items()}
+                                         for a in ("orig_to_new_prefix", "orig_to_new_substr", "orig_to_new_suffix")}
+    inner = getattr(model, "model", None)
+    normalizer = getattr(inner, "normalizer", None)
+    if normalizer is not None:
+        declared["embedding_normalizer"] = float(normalizer)
+    return declared
+
+
+def tp_layout(model: Any) -> dict[str, Any]:
+    """How each module's output is split across tensor-parallel ranks (only modules whose output is sharded).
+
+    Column-parallel linears without gather keep a slice of the features; fused ones (qkv, gate_up) keep a slice of
+    *each* block, so unsharding must re-assemble block by block. Attention and gated activations inherit the
+    column slice of their input."""
+    out: dict[str, Any] = {}
+    for name, m in model.named_modules():
+        cls = type(m).__name__
+        if cls == "QKVParallelLinear":
+            tp = m.tp_size
+            out[name] = {"blocks": [m.total_num_heads * m.head_size, m.total_num_kv_heads * m.head_size,
+                                    m.total_num_kv_heads * m.head_size], "tp": tp}
+        elif hasattr(m, "output_sizes") and hasattr(m, "gather_output") and not m.gather_output:
+            out[name] = {"blocks": list(m.output_sizes), "tp": m.tp_size}
+        elif hasattr(m, "gather_output") and not m.gather_output:
+            out[name] = {"blocks": [m.output_size], "tp": m.tp_size}
+    return out

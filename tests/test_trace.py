@@ -1,0 +1,372 @@
+"""Stage 1 storage: TraceWriter + ModuleTracer on a tiny hand-made model, read back through Trace.
+
+The model mimics the shapes of a serving engine's forward pass: flat ``[tokens, hidden]`` activations, decoder
+layers with Linear children, one parameter-free module object shared by both layers (like vLLM's rotary_emb),
+and a head that returns one row per sequence (like vLLM's LogitsProcessor). Expected values are recorded
+independently of the tracer (by recomputing the forward by hand), never copied from the tracer's own output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ekka_core.capture.hooks import ModuleTracer
+from ekka_core.capture.trace import INDEX, RunInfo, TensorRef, Trace, TraceWriter
+from ekka_core.errors import BadInput
+
+HIDDEN, VOCAB = 8, 16
+
+
+class Rotate(nn.Module):
+    """Parameter-free, shared by every layer (one object, several call sites)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flip(x, dims=[-1]) * 0.5
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, rot: Rotate):
+        super().__init__()
+        self.rot = rot
+        self.up = nn.Linear(HIDDEN, 2 * HIDDEN)
+        self.down = nn.Linear(2 * HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(self.rot(x))
+        y = self.down(h)
+        # In-place on a child's output after the child returned (what fused kernels do): the trace must
+        # still hold the value at hook time.
+        h.mul_(0.0)
+        return y + x
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lm = nn.Linear(HIDDEN, VOCAB, bias=False)
+
+    def forward(self, h: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        return self.lm(h[last])
+
+
+class TinyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.rot = Rotate()
+        self.layers = nn.ModuleList([DecoderLayer(self.rot), DecoderLayer(self.rot)])
+        self.head = Head()
+
+    def forward(self, ids: torch.Tensor, last: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        h = self.embed(ids) * scale
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h, last)
+
+
+def _reference_forward(m: TinyModel, ids: torch.Tensor, last: torch.Tensor) -> dict[str, tuple]:
+    """The forward recomputed by hand: module path -> (inputs, output) — what the trace must contain."""
+    out: dict[str, tuple] = {}
+    with torch.no_grad():
+        e = m.embed.weight[ids]
+        out["embed"] = ((ids,), e)
+        h = e
+        for i, layer in enumerate(m.layers):
+            r = torch.flip(h, dims=[-1]) * 0.5
+            out[f"layers.{i}.rot"] = ((h,), r)
+            u = torch.nn.functional.linear(r, layer.up.weight, layer.up.bias)
+            out[f"layers.{i}.up"] = ((r,), u)
+            d = torch.nn.functional.linear(u, layer.down.weight, layer.down.bias)
+            out[f"layers.{i}.down"] = ((u,), d)
+            nh = d + h
+            out[f"layers.{i}"] = ((h,), nh)
+            h = nh
+        logits = torch.nn.functional.linear(h[last], m.head.lm.weight)
+        out["head.lm"] = ((h[last],), logits)
+        out["head"] = ((h, last), logits)
+        out[""] = ((ids, last), logits)
+    return out
+
+
+def _run(tmp: Path, dtype: torch.dtype = torch.float32, *, shard_bytes: int = 256 << 20,
+         seed: int = 0) -> tuple[TinyModel, torch.Tensor, torch.Tensor, Path]:
+    torch.manual_seed(seed)
+    model = TinyModel().to(dtype).eval()
+    # Two sequences flattened into one step, like vLLM: lengths 3 and 2, request ids "a" and "b".
+    ids = torch.tensor([3, 5, 7, 1, 2])
+    last = torch.tensor([2, 4])
+    reqs, pos = ["a", "a", "a", "b", "b"], [0, 1, 2, 0, 1]
+    writer = TraceWriter(tmp, RunInfo("vllm", "0", "target", "tiny", str(dtype).removeprefix("torch.")),
+                         shard_bytes=shard_bytes)
+    tracer = ModuleTracer(writer, lambda args, kwargs: (reqs, pos)).attach(model)
+    with torch.no_grad():
+        model(ids, last)
+    tracer.resolve_steps({"a": 0, "b": 1}.__getitem__, [3, 2])
+    tracer.detach()
+    writer.close(complete=True)
+    return model, ids, last, tmp
+
+
+EXPECTED_ORDER = ["embed", "layers.0.rot", "layers.0.up", "layers.0.down", "layers.0",
+                  "layers.1.rot", "layers.1.up", "layers.1.down", "layers.1", "head.lm", "head", ""]
+
+
+def test_calls_are_in_completion_order_children_before_parents(tmp_path):
+    *_, d = _run(tmp_path)
+    trace = Trace(d)
+    assert [c.module for c in trace.calls] == EXPECTED_ORDER
+    assert [c.index for c in trace.calls] == list(range(len(EXPECTED_ORDER)))
+    # every parent completes after all of its children
+    pos = {c.module: c.index for c in trace.calls}
+    for name, i in pos.items():
+        for child, j in pos.items():
+            if name and child.startswith(name + "."):
+                assert j < i, (child, name)
+    assert pos[""] == len(EXPECTED_ORDER) - 1
+    by = trace.modules()
+    assert by["layers.0"].cls == "DecoderLayer" and by["layers.0.up"].cls == "Linear"
+    assert by["layers.0"].qualname.endswith("test_trace.DecoderLayer")
+    # the class source location points at this file
+    assert by["layers.0"].class_file and Path(by["layers.0"].class_file).name == "test_trace.py"
+    assert isinstance(by["layers.0"].class_line, int) and by["layers.0"].class_line > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inputs_and_outputs_round_trip_bit_exactly(tmp_path, dtype):
+    model, ids, last, d = _run(tmp_path, dtype)
+    expected = _reference_forward(model, ids, last)
+    trace = Trace(d)
+    assert trace.run.dtype == str(dtype).removeprefix("torch.")
+    for call in trace.calls:
+        exp_in, exp_out = expected[call.module]
+        assert len(call.outputs) == 1, call.module
+        ref = call.outputs[0]
+        assert isinstance(ref, TensorRef)
+        got = trace.tensor(ref)
+        assert got.dtype == exp_out.dtype and ref.dtype == str(exp_out.dtype).removeprefix("torch.")
+        assert list(got.shape) == ref.shape == list(exp_out.shape)
+        assert torch.equal(got, exp_out), f"{call.module} output differs"
+        tensors_in = [trace.tensor(x) for x in call.inputs if isinstance(x, TensorRef)]
+        assert len(tensors_in) == len(exp_in), call.module
+        for g, e in zip(tensors_in, exp_in):
+            assert g.dtype == e.dtype and torch.equal(g, e), f"{call.module} input differs"
+
+
+def test_tensors_are_cloned_at_hook_time(tmp_path):
+    # DecoderLayer zeroes its `up` output in place after `down` consumed it; the trace must keep the values.
+    _, _, _, d = _run(tmp_path)
+    trace = Trace(d)
+    up_out = trace.tensor(trace.calls_of("layers.0.up")[0].outputs[0])
+    down_in = trace.tensor(trace.calls_of("layers.0.down")[0].inputs[0])
+    assert up_out.abs().sum() > 0
+    assert torch.equal(up_out, down_in)
+
+
+def test_shared_module_is_named_after_its_call_site(tmp_path):
+    *_, d = _run(tmp_path)
+    trace = Trace(d)
+    # named_modules() registers the shared object once, under the first parent ("rot" at the root).
+    rot_calls = [c for c in trace.calls if c.cls == "Rotate"]
+    assert [c.module for c in rot_calls] == ["layers.0.rot", "layers.1.rot"]
+    assert all(c.shared_as == "rot" for c in rot_calls)
+    # non-shared modules carry no shared_as
+    assert all(c.shared_as is None for c in trace.calls if c.cls != "Rotate")
+
+
+def test_shared_module_keeps_registered_name_at_its_own_site(tmp_path):
+    """When the first registration *is* a call site, that call has no shared_as, the other one does."""
+    class Layer(nn.Module):
+        def __init__(self, act):
+            super().__init__()
+            self.act = act
+
+        def forward(self, x):
+            return self.act(x) + 1
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            act = nn.Tanh()
+            self.layers = nn.ModuleList([Layer(act), Layer(act)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    model = M()
+    w = TraceWriter(tmp_path, RunInfo("vllm", "0", "target", "m", "float32"))
+    ModuleTracer(w, lambda a, k: ([0, 0], [0, 1])).attach(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x)
+    w.close(complete=True)
+    trace = Trace(tmp_path)
+    acts = [c for c in trace.calls if c.cls == "Tanh"]
+    assert [(c.module, c.shared_as) for c in acts] == [("layers.0.act", None), ("layers.1.act", "layers.0.act")]
+    assert torch.equal(trace.tensor(acts[1].inputs[0]), torch.tanh(x) + 1)
+
+
+def test_steps_layout_and_sampled_rows(tmp_path):
+    *_, d = _run(tmp_path)
+    trace = Trace(d)
+    assert len(trace.steps) == 1
+    step = trace.steps[0]
+    assert step.seq == [0, 0, 0, 1, 1] and step.pos == [0, 1, 2, 0, 1] and step.phase == "prefill"
+    rows = {c.module: c.rows for c in trace.calls}
+    # The head returns one row per sequence (2) from a 5-token step: "sampled"; everything else per token.
+    assert rows["head"] == "sampled" and rows["head.lm"] == "sampled" and rows[""] == "sampled"
+    assert all(rows[m] == "tokens" for m in EXPECTED_ORDER if not m.startswith("head") and m)
+    assert all(c.step == 0 for c in trace.calls)
+
+
+def test_decode_steps_are_named_and_non_tensor_inputs_summarised(tmp_path):
+    torch.manual_seed(0)
+    model = TinyModel().eval()
+    layouts = iter([(["a", "a", "a"], [0, 1, 2]), (["a"], [3]), (["a"], [4])])
+    w = TraceWriter(tmp_path, RunInfo("vllm", "0", "target", "tiny", "float32"))
+    tracer = ModuleTracer(w, lambda a, k: next(layouts)).attach(model)
+    with torch.no_grad():
+        model(torch.tensor([1, 2, 3]), torch.tensor([2]))
+        model(torch.tensor([4]), torch.tensor([0]), scale=2.0)
+        model(torch.tensor([5]), torch.tensor([0]), scale=3.0)
+    tracer.resolve_steps(lambda r: 0, [3])
+    w.close(complete=True)
+    trace = Trace(tmp_path)
+    assert [s.phase for s in trace.steps] == ["prefill", "decode:1", "decode:2"]
+    assert [s.pos for s in trace.steps] == [[0, 1, 2], [3], [4]]
+    roots = trace.calls_of("")
+    assert [c.step for c in roots] == [0, 1, 2]
+    # keyword float argument: stored as its repr, not as a tensor
+    assert roots[1].inputs[-1] == "2.0" and roots[2].inputs[-1] == "3.0"
+    assert len(trace.calls) == 3 * len(EXPECTED_ORDER)
+
+
+def test_small_shards_produce_several_files_and_still_round_trip(tmp_path):
+    model, ids, last, d = _run(tmp_path, shard_bytes=64)
+    shards = sorted(d.glob("shard-*.safetensors"))
+    assert len(shards) > 1
+    trace = Trace(d)
+    refs = [x for c in trace.calls for x in c.inputs + c.outputs if isinstance(x, TensorRef)]
+    assert {r.shard for r in refs} == set(range(len(shards)))
+    expected = _reference_forward(model, ids, last)
+    for call in trace.calls:
+        assert torch.equal(trace.tensor(call.outputs[0]), expected[call.module][1])
+
+
+def test_rewriting_a_directory_removes_stale_shards(tmp_path):
+    _run(tmp_path, shard_bytes=64)
+    many = len(list(tmp_path.glob("shard-*.safetensors")))
+    model, ids, last, d = _run(tmp_path, seed=1)          # default shard size: one shard
+    assert many > 1 and len(list(d.glob("shard-*.safetensors"))) == 1
+    trace = Trace(d)
+    assert torch.equal(trace.tensor(trace.calls_of("")[0].outputs[0]), _reference_forward(model, ids, last)[""][1])
+
+
+def test_incomplete_trace_is_kept_and_marked(tmp_path):
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("kernel crashed")
+
+    torch.manual_seed(0)
+    model = TinyModel().eval()
+    model.layers[1].down = Boom()
+    w = TraceWriter(tmp_path, RunInfo("vllm", "0", "target", "tiny", "float32"))
+    ModuleTracer(w, lambda a, k: ([0, 0], [0, 1])).attach(model)
+    ids = torch.tensor([3, 4])
+    with pytest.raises(RuntimeError, match="kernel crashed"), torch.no_grad():
+        model(ids, torch.tensor([1]))
+    w.close(complete=False, failure="RuntimeError: kernel crashed")
+    trace = Trace(tmp_path)
+    assert trace.run.complete is False
+    assert trace.run.failure == "RuntimeError: kernel crashed"
+    # everything that completed before the crash is there, with its data
+    assert [c.module for c in trace.calls] == ["embed", "layers.0.rot", "layers.0.up", "layers.0.down",
+                                               "layers.0", "layers.1.rot", "layers.1.up"]
+    assert torch.equal(trace.tensor(trace.calls[0].outputs[0]), model.embed.weight[ids].detach())
+
+
+def test_complete_trace_is_marked_complete(tmp_path):
+    *_, d = _run(tmp_path)
+    trace = Trace(d)
+    assert trace.run.complete is True and trace.run.failure is None
+    assert trace.run.framework == "vllm" and trace.run.role == "target"
+
+
+def test_only_safetensors_and_json_index_are_written(tmp_path):
+    *_, d = _run(tmp_path, torch.bfloat16, shard_bytes=200)
+    names = [p.name for p in d.rglob("*")]
+    assert INDEX in names
+    others = [n for n in names if n != INDEX]
+    assert others and all(n.endswith(".safetensors") for n in others), names
+    # each shard is real safetensors: 8-byte little-endian header length, then a JSON header (no pickle, no zip)
+    for p in d.glob("*.safetensors"):
+        raw = p.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        assert all(k == "__metadata__" or {"dtype", "shape", "data_offsets"} <= set(v) for k, v in header.items())
+
+
+def test_trace_without_index_is_bad_input(tmp_path):
+    (tmp_path / "shard-00000.safetensors").write_bytes(b"")
+    with pytest.raises(BadInput) as e:
+        Trace(tmp_path)
+    assert INDEX in str(e.value) and e.value.fix
+    assert e.value.exit_code == 2
+
+
+def test_trace_with_foreign_schema_is_bad_input(tmp_path):
+    (tmp_path / INDEX).write_text('{"schema": "something/else", "run": {}, "steps": [], "calls": []}')
+    with pytest.raises(BadInput, match="schema"):
+        Trace(tmp_path)
+
+
+def test_dict_outputs_keep_their_names_and_skip_bookkeeping_kwargs(tmp_path):
+    """HF returns a ModelOutput (a dict); the mapper selects ``named:logits`` from it. HF's bookkeeping kwargs
+    (attention_mask, position_ids, ...) are not activations and must not be stored as inputs."""
+    class DictOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = nn.Linear(4, 6)
+
+        def forward(self, x, attention_mask=None, position_ids=None, extra=None):
+            return {"logits": self.lm(x), "past_key_values": None, "hidden_states": x * 2}
+
+    torch.manual_seed(0)
+    model = DictOut()
+    x = torch.randn(1, 3, 4)
+    w = TraceWriter(tmp_path, RunInfo("hf", "0", "reference", "m", "float32"))
+    ModuleTracer(w, lambda a, k: ([0, 0, 0], [0, 1, 2])).attach(model)
+    with torch.no_grad():
+        model(x, attention_mask=torch.ones(1, 3), position_ids=torch.arange(3)[None], extra=torch.zeros(2))
+    w.close(complete=True)
+    trace = Trace(tmp_path)
+    root = trace.calls_of("")[0]
+    assert root.output_names == ["logits", "hidden_states"]
+    assert torch.equal(trace.tensor(root.outputs[0]), model.lm(x).detach())
+    assert torch.equal(trace.tensor(root.outputs[1]), x * 2)
+    ins = [trace.tensor(r) for r in root.inputs]
+    assert len(ins) == 2 and torch.equal(ins[0], x) and torch.equal(ins[1], torch.zeros(2))
+    # [1, L, V] with L == rows of the step is a batch of one, not sampled rows
+    assert root.rows == "tokens"
+
+
+def test_store_dtype_converts_floating_tensors_only(tmp_path):
+    torch.manual_seed(0)
+    model = TinyModel().eval()
+    w = TraceWriter(tmp_path, RunInfo("hf", "0", "reference", "tiny", "float32"), store_dtype=torch.bfloat16)
+    ModuleTracer(w, lambda a, k: ([0, 0], [0, 1])).attach(model)
+    ids = torch.tensor([3, 4])
+    with torch.no_grad():
+        model(ids, torch.tensor([1]))
+    w.close(complete=True)
+    trace = Trace(tmp_path)
+    emb = trace.calls_of("embed")[0]
+    assert emb.inputs[0].dtype == "int64" and torch.equal(trace.tensor(emb.inputs[0]), ids)
+    assert emb.outputs[0].dtype == "bfloat16"
+    assert torch.equal(trace.tensor(emb.outputs[0]), model.embed.weight[ids].detach().to(torch.bfloat16))
