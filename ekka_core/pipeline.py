@@ -61,6 +61,8 @@ def diagnose(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
     unchecked = [{"module": u.module, "reason": u.reason} for u in mapping.unmapped]
     ranking = analyse(aligned, threshold=spec.threshold, dtype=spec.dtype, target_classes=classes,
                       prompt_lens=target.run.prompt_lens, unchecked=unchecked)
+    for (seq, pos), (_, why) in sorted(aligned.excluded.items()):
+        ranking.notes.append(f"prompt {seq}, token {pos} excluded from there on — {why}")
     return _finish(ranking, spec, meta, out_dir, t0, progress)
 
 

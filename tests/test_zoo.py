@@ -25,6 +25,10 @@ GREEDY_SCRIPT = REPO_ROOT / "tests" / "zoo_greedy_check.py"
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 N_TOKENS = 8
 VLLM_TIMEOUT_S = 300
+# fp32 on both sides: vLLM's and HF's log-probabilities of the same token agree to ~1e-6 on CPU. A real discrepancy
+# (a missing soft-cap, a wrong logit scale) moves them by O(0.1-1) — and, unlike a greedy token, a monotonic change
+# such as final-logit soft-capping cannot hide from it.
+LOGPROB_ATOL = 1e-3
 
 
 # --- recipes ------------------------------------------------------------------------------------------------------
@@ -168,12 +172,22 @@ def test_vllm_greedy_matches_hf(arch, zoo_model, hf_torch):
     assert len(prompts) == 2 and len(vllm_generated) == 2
     assert len(prompts[1]) >= 40 and len(prompts[0]) < len(prompts[1])
     assert all(len(g) == N_TOKENS for g in vllm_generated), vllm_generated
+    vllm_logprobs = vllm_out["generated_logprobs"]
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=hf_torch.float32, attn_implementation="eager")
     model.eval()
     problems = []
-    for i, (prompt, got) in enumerate(zip(prompts, vllm_generated)):
+    for i, (prompt, got, got_lp) in enumerate(zip(prompts, vllm_generated, vllm_logprobs)):
         want, steps = _hf_greedy(model, prompt, N_TOKENS)
+        # Log-probabilities of the generated tokens, as long as both sides are on the same sequence.
+        for k, (a, b) in enumerate(zip(got, want)):
+            if a != b:
+                break
+            hf_lp = float(hf_torch.log_softmax(steps[k][2], -1)[a])
+            if abs(hf_lp - got_lp[k]) > LOGPROB_ATOL:
+                problems.append(f"prompt {i} ({len(prompt)} tokens), generated step {k} (token {a}): "
+                                f"vLLM logprob {got_lp[k]:.6f} vs HF {hf_lp:.6f} (|diff| > {LOGPROB_ATOL})")
+                break
         if got == want:
             continue
         k = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)

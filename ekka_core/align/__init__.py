@@ -54,6 +54,10 @@ class AlignedPairs:
     mapping: Mapping
     order: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    # Tokens whose MoE routing is within numerical noise of a tie: (seq, pos) -> (target order from which they
+    # are excluded, why). Either expert choice is a correct low-precision result, and a different choice changes
+    # that token's activations entirely — comparing them would report noise as a bug.
+    excluded: dict[Key, tuple[int, str]] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[AlignedPair]:
         index = {}
@@ -62,9 +66,11 @@ class AlignedPairs:
         pairs = sorted(self.mapping.pairs, key=lambda p: self.order.get(p.component, 1 << 30))
         for pair in pairs:
             try:
-                yield align_pair(pair, self.traces, index, self.order.get(pair.component, -1))
+                ap = align_pair(pair, self.traces, index, self.order.get(pair.component, -1))
             except AlignmentError as e:
                 self.failures.append(str(e))
+                continue
+            yield _drop_excluded(ap, self.excluded)
 
 
 def align(mapping: Mapping, traces: Traces) -> AlignedPairs:
@@ -72,7 +78,58 @@ def align(mapping: Mapping, traces: Traces) -> AlignedPairs:
     order = {}
     for c in traces.target.calls:
         order.setdefault(c.module, c.index)
-    return AlignedPairs(traces, mapping, order)
+    aligned = AlignedPairs(traces, mapping, order)
+    aligned.excluded = ambiguous_routing(traces, order)
+    return aligned
+
+
+def _drop_excluded(ap: AlignedPair, excluded: dict[Key, tuple[int, str]]) -> AlignedPair:
+    keep = [i for i, k in enumerate(ap.keys) if not (k in excluded and ap.order >= excluded[k][0])]
+    if len(keep) == len(ap.keys) or not keep:
+        return ap
+    idx = torch.tensor(keep)
+    ins = None if ap.inputs is None else tuple(t[idx] for t in ap.inputs)
+    return AlignedPair(ap.pair, ap.order, [ap.keys[i] for i in keep], ap.target[idx], ap.reference[idx],
+                       ap.reference_fp32[idx], ins)  # type: ignore[arg-type]
+
+
+def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[int, str]]:
+    """MoE tokens whose top-k expert choice is decided by less than the reference's own rounding noise.
+
+    The reference router (an HF module named ``gate`` returning logits ``[tokens, experts]`` and the chosen
+    expert ids ``[tokens, k]``) gives, per token, the margin between the k-th and (k+1)-th logit in fp32 and how
+    far the low-precision reference's logits moved. Two logits that each move by that much can swap order only if
+    their margin is below twice the movement: such a token's routing is a tie within noise."""
+    out: dict[Key, tuple[int, str]] = {}
+    y, x = traces.reference_fp32, traces.reference
+    x_calls = _calls_by_module(x)
+    for call in y.calls:
+        if call.module.rsplit(".", 1)[-1] != "gate":
+            continue
+        outs = [o for o in call.outputs if isinstance(o, TensorRef)]
+        ids = next((o for o in outs if not _is_float(o) and len(o.shape) >= 2), None)
+        logits = next((o for o in outs if _is_float(o) and len(o.shape) >= 2), None)
+        twin = next((c for c in x_calls.get(call.module, []) if c.step == call.step), None)
+        if ids is None or logits is None or twin is None:
+            continue
+        k = ids.shape[-1]
+        yl = y.tensor(logits).float().reshape(-1, logits.shape[-1])
+        xref = next(o for o in twin.outputs if isinstance(o, TensorRef) and o.shape == logits.shape)
+        xl = x.tensor(xref).float().reshape(-1, logits.shape[-1])
+        if yl.shape[-1] <= k:
+            continue
+        top = yl.topk(k + 1, dim=-1).values
+        margin = top[:, k - 1] - top[:, k]
+        noise = (xl - yl).abs().amax(dim=-1)
+        block = call.module.rsplit(".", 1)[0]
+        start = min((o for m, o in order.items() if m == block or m.startswith(block + ".")), default=0)
+        step = y.steps[call.step]
+        for row in torch.nonzero(margin < 2 * noise).flatten().tolist():
+            key = (step.seq[row], step.pos[row])
+            if key not in out:
+                out[key] = (start, f"{block}: expert routing tie within noise (margin {margin[row]:.2g}, "
+                                   f"reference rounding {noise[row]:.2g})")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -97,7 +154,7 @@ def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, l
     inputs = None
     if pair.compare_inputs:
         try:
-            ins = [_gather(tr, index[id(tr)], Endpoint(ep.modules, port="input", select="stream"), pair.rows)
+            ins = [_gather(tr, index[id(tr)], Endpoint(ep.modules, port="input", select=pair.input_select), pair.rows)
                    for tr, ep in ((traces.target, pair.target), (traces.reference, pair.reference),
                                   (traces.reference_fp32, pair.reference))]
             i_t, i_r, i_y = (torch.stack([s[k] for k in keys]) for s in ins)

@@ -46,6 +46,7 @@ class ComponentPair:
     reference: Endpoint
     rows: str = "tokens"          # "tokens" | "sampled"
     compare_inputs: bool = False  # inputs are comparable too (1:1 same kind): enables local blame on inputs
+    input_select: str = "first"   # "stream" where the engine passes (hidden, residual) into the module
 
 
 @dataclass
@@ -141,9 +142,11 @@ def map_components(target: ModelTree, reference: ModelTree) -> Mapping:
             mapping.unmapped.append(Unmapped(name, cls, "the reference applies rotary embeddings with a function "
                                                         "inside attention's forward; checked through attn"))
             continue
-        # 5. same path
-        if name in ref_path:
-            r = ref_path[name]
+        # 5. same path (a shared module may be called from a parent other than the one it is registered under:
+        # vLLM's MoE runner calls the block's router `gate`; its checkpoint name is the registered one)
+        same = name if name in ref_path else node.registered if node.registered in ref_path else None
+        if same is not None:
+            r = ref_path[same]
             stream = _is_residual_stream(node.cls)
             scale = normalizer if (leaf == "embed_tokens" and normalizer and
                                    "Scaled" in reference.modules[r].cls) else None
@@ -152,7 +155,8 @@ def map_components(target: ModelTree, reference: ModelTree) -> Mapping:
                 name, relation, "same-path" + (" (engine applies the embedding normaliser in the parent's "
                                                "forward)" if scale else ""),
                 Endpoint([name], select="stream" if stream else "first", scale=scale),
-                Endpoint([r]), compare_inputs=not scale and leaf != "embed_tokens"))
+                Endpoint([r]), compare_inputs=not scale and leaf != "embed_tokens",
+                input_select="stream" if stream or "Norm" in node.cls else "first"))
             continue
         mapping.unmapped.append(Unmapped(name, cls, "no rule: no reference module at this path and no "
                                                     "declared weight mapping"))

@@ -25,6 +25,7 @@ class ModuleNode:
     calls: int = 0
     first_call: int = 0            # completion index of the first call: the execution order
     shared: bool = False           # one module object called from several places (vLLM's rotary_emb)
+    registered: str | None = None  # for a shared module called here: the name it is registered under
     out_features: int | None = None
 
 
@@ -69,6 +70,7 @@ def build_tree(trace: Trace) -> ModelTree:
         node.calls += 1
         if call.shared_as:
             node.shared = True
+            node.registered = call.shared_as
             shared_names.add(call.shared_as)
     for name in shared_names:
         if name in tree.modules:

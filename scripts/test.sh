@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run every test: the Python suite (pytest, extra arguments passed through) and the extension's (npm test).
+# Sets up the environment first (scripts/setup.sh: a fast no-op when nothing changed). Both suites always run,
+# one after the other; the exit status is non-zero if either failed. pytest collecting no tests counts as failure.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+say() { printf '[test] %s\n' "$*" >&2; }
+
+bash scripts/setup.sh || { say "setup failed (exit $?): no tests were run"; exit 2; }
+
+start=$SECONDS
+.venv/bin/python -m pytest -q "$@"
+py_rc=$?
+py_s=$((SECONDS - start))
+case "$py_rc" in
+  0) py_status="passed" ;;
+  5) py_status="FAILED (no tests were collected: check the arguments / -k expression / testpaths)" ;;
+  *) py_status="FAILED (exit $py_rc)" ;;
+esac
+[ "$py_rc" -eq 5 ] && say "pytest collected no tests: treating this as a failure"
+
+start=$SECONDS
+npm test
+npm_rc=$?
+npm_s=$((SECONDS - start))
+if [ "$npm_rc" -eq 0 ]; then npm_status="passed"; else npm_status="FAILED (exit $npm_rc)"; fi
+
+if [ "$py_rc" -eq 0 ] && [ "$npm_rc" -eq 0 ]; then
+  say "summary: OK — pytest $py_status in ${py_s}s; npm test $npm_status in ${npm_s}s"
+  exit 0
+fi
+say "summary: FAILED — pytest $py_status in ${py_s}s; npm test $npm_status in ${npm_s}s"
+exit 1
