@@ -179,6 +179,13 @@ def _gather(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows
         got: dict[Key, torch.Tensor] = {}
         for call in calls.get(module, []):
             step = trace.steps[call.step]
+            if ep.select == "all" and call.rows == "tokens":
+                keys = list(zip(step.seq, step.pos))
+                outs = [trace.tensor(r).float() for r in (call.outputs if ep.port == "output" else call.inputs)
+                        if isinstance(r, TensorRef) and _is_float(r)]
+                flat = torch.cat([_token_rows(t, len(keys), call.module) for t in outs], dim=1)
+                got.update((k, row) for k, row in zip(keys, flat) if k[0] >= 0)
+                continue
             tensor = _select(trace, call, ep)
             if tensor is None:
                 continue
@@ -233,6 +240,9 @@ def _token_rows(t: torch.Tensor, n: int, module: str) -> torch.Tensor:
     if t.shape[0] == n and (t.dim() == 1 or t.shape[0] != 1 or n == 1):
         return t.reshape(n, -1)
     if t.shape[0] == 1:
+        # HF layouts put tokens second-to-last: [1, L, hidden] and, per head, [1, heads, L, head_dim].
+        if t.dim() >= 3 and t.shape[-2] == n:
+            return t[0].movedim(t.dim() - 3, 0).reshape(n, -1)
         for axis in range(1, t.dim()):
             if t.shape[axis] == n:
                 return t[0].movedim(axis - 1, 0).reshape(n, -1)

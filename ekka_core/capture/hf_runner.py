@@ -28,6 +28,36 @@ def own_tokenization(model: str, prompts: list[str]) -> list[list[int]]:
     return [list(tok(p)["input_ids"]) for p in prompts]
 
 
+# Functions HF calls inside a module's forward that compute a component engines implement as a module
+# (vLLM's RotaryEmbedding): traced as pseudo-modules named after their caller.
+TRACED_FUNCTIONS = ("apply_rotary_pos_emb",)
+
+
+def _trace_functions(model: Any, tracer: ModuleTracer) -> Any:
+    import sys
+
+    modeling = sys.modules[type(model).__module__]
+    originals = {}
+    for name in TRACED_FUNCTIONS:
+        fn = getattr(modeling, name, None)
+        if fn is None:
+            continue
+        originals[name] = fn
+
+        def traced(*args: Any, __fn: Any = fn, __name: str = name, **kwargs: Any) -> Any:
+            out = __fn(*args, **kwargs)
+            tracer.record_function(__name, __fn, args[:2], out)   # (q, k) in; (q_embed, k_embed) out
+            return out
+
+        setattr(modeling, name, traced)
+
+    def restore() -> None:
+        for name, fn in originals.items():
+            setattr(modeling, name, fn)
+
+    return restore
+
+
 def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int], dtype: str, role: str,
         out_dir: Path) -> dict[str, Any]:
     import transformers
@@ -54,6 +84,7 @@ def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int],
                        token_ids=token_ids, prompt_lens=prompt_lens)
     writer = TraceWriter(out_dir, run_info)
     tracer = ModuleTracer(writer, layout).attach(model)
+    restore = _trace_functions(model, tracer)
     try:
         with torch.no_grad():
             for i, ids in enumerate(token_ids):
@@ -61,9 +92,11 @@ def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int],
                 model(input_ids=torch.tensor([ids]), use_cache=False)
     except Exception as e:
         tracer.detach()
+        restore()
         writer.close(complete=False, failure=f"{type(e).__name__}: {e}")
         raise
     tracer.detach()
+    restore()
     tracer.resolve_steps(lambda s: s, prompt_lens)
     for step in writer.steps:
         step.phase = "teacher-forced"   # one pass over prompt and generated tokens together

@@ -124,6 +124,23 @@ class ModuleTracer:
             call.rows = "sampled"  # e.g. vLLM's LogitsProcessor: one row per request, its last token
         w.calls.append(call)
 
+    def record_function(self, name: str, fn: Any, args: tuple, output: Any) -> None:
+        """Record a plain function call (HF's ``apply_rotary_pos_emb``) as a pseudo-module under its caller:
+        the reference computes some components with functions, and they must be comparable too."""
+        if not self.writer.steps or not self._stack:
+            return
+        step = self.writer.steps[-1]
+        index = len(self.writer.calls)
+        ff, fl = _source(fn)
+        call = ModuleCall(index=index, step=step.index, module=f"{self._stack[-1]}.{name}", cls="function",
+                          qualname=f"{fn.__module__}.{fn.__qualname__}", class_file=ff, class_line=fl,
+                          forward_file=ff, forward_line=fl)
+        call.inputs = [self._store(f"c{index}.in{i}", x) for i, x in enumerate(_flatten(list(args)))]
+        names, values = _flatten_output(output)
+        call.outputs = [self._store(f"c{index}.out{i}", x) for i, x in enumerate(values)]
+        self.fired += 1
+        self.writer.calls.append(call)
+
     def _store(self, key: str, x: Any) -> TensorRef | str | None:
         if x is None:
             return None

@@ -6,12 +6,14 @@ Entry point: :func:`map_components`. Rules, tried in order for every module the 
                   one target module ↔ N reference modules, outputs concatenated along features (1:N).
 2. ``gated-activation`` — a fused ``*AndMul`` activation (``act(gate) * up``) ↔ the input of the reference's
                   ``down_proj``: HF computes the product in the MLP's forward, not in a module.
-3. ``attention-core`` — the engine's attention kernel module (``attn``) ↔ the input of the reference ``o_proj``.
-4. ``logits``   — the engine's ``logits_processor`` ↔ the reference model's final ``logits`` (soft-capping and
+3. ``rotary``   — the engine's rotary module (rotated q, k) ↔ the reference's ``apply_rotary_pos_emb`` call,
+                  traced as a pseudo-module under the attention that calls it.
+4. ``attention-core`` — the engine's attention kernel module (``attn``) ↔ the input of the reference ``o_proj``.
+5. ``logits``   — the engine's ``logits_processor`` ↔ the reference model's final ``logits`` (soft-capping and
                   scaling included), at the positions the engine sampled.
-5. ``same-path`` — a module at the same dotted path in the reference (after the engine's ``hf_to_vllm_mapper``):
+6. ``same-path`` — a module at the same dotted path in the reference (after the engine's ``hf_to_vllm_mapper``):
                   the checkpoint tensors both load are the same, so are the components (1:1).
-6. ``unmapped`` with a reason — never silently dropped, never guessed.
+7. ``unmapped`` with a reason — never silently dropped, never guessed.
 
 A mapping is a JSON artefact: save it, edit it, load it back (:func:`Mapping.load`).
 """
@@ -32,7 +34,8 @@ SCHEMA = "ekka.mapping/1"
 class Endpoint:
     modules: list[str]
     port: str = "output"          # "output" | "input"
-    select: str = "first"         # "first" | "stream" (sum of hidden + residual) | "named:<key>"
+    select: str = "first"         # "first" | "stream" (sum of hidden + residual) | "all" (features of every
+                                  # float output, concatenated) | "named:<key>"
     scale: float | None = None    # multiply by a constant the other side folds into its own module
     split_sizes: list[int] | None = None   # for 1:N, each reference module's width (GQA: q and kv differ)
 
@@ -137,6 +140,11 @@ def map_components(target: ModelTree, reference: ModelTree) -> Mapping:
             mapping.pairs.append(ComponentPair(name, "1:1", "logits ↔ reference final logits",
                                                Endpoint([name]), Endpoint([""], select="named:logits"),
                                                rows="sampled"))
+            continue
+        if leaf == "rotary_emb" and ref("apply_rotary_pos_emb"):
+            mapping.pairs.append(ComponentPair(name, "1:1", "rotary ↔ reference apply_rotary_pos_emb (rotated q, k)",
+                                               Endpoint([name], select="all"),
+                                               Endpoint([ref("apply_rotary_pos_emb")], select="all")))  # type: ignore[list-item]
             continue
         if leaf == "rotary_emb" and name not in ref_path:
             mapping.unmapped.append(Unmapped(name, cls, "the reference applies rotary embeddings with a function "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import re
@@ -344,6 +345,90 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+_SKIP_FIELDS = frozenset({"lpar", "rpar", "comma", "semicolon", "leading_lines", "lines_after_decorators", "header",
+                          "footer", "indent", "trailing_whitespace", "equal", "dot", "colon", "asynchronous",
+                          "newline", "relative"})
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Child nodes in field order (source order for expressions), without libcst's slow visitor machinery and
+    without whitespace/punctuation."""
+    names = _FIELDS.get(type(node))
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(node)
+                      if not f.name.startswith("whitespace") and f.name not in _SKIP_FIELDS)
+        _FIELDS[type(node)] = names
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, cst.CSTNode):
+                    yield item
+
+
+def _descendants(node: cst.CSTNode, prune: tuple[type, ...] = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+                 ) -> Iterator[cst.CSTNode]:
+    """Every node below ``node`` (pre-order), not descending into nested ``prune`` nodes."""
+    stack = list(_children(node))
+    stack.reverse()
+    while stack:
+        n = stack.pop()
+        yield n
+        if not isinstance(n, prune):
+            kids = list(_children(n))
+            kids.reverse()
+            stack.extend(kids)
+
+
+def _suites(stmt: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """The blocks a compound statement holds (not a nested def's or class's)."""
+    if isinstance(stmt, cst.If):
+        yield stmt.body
+        if isinstance(stmt.orelse, cst.If):
+            yield from _suites(stmt.orelse)
+        elif stmt.orelse is not None:
+            yield stmt.orelse.body
+    elif isinstance(stmt, (cst.For, cst.While)):
+        yield stmt.body
+        if stmt.orelse is not None:
+            yield stmt.orelse.body
+    elif isinstance(stmt, (cst.Try, cst.TryStar)):
+        yield stmt.body
+        for h in stmt.handlers:
+            yield h.body
+        if stmt.orelse is not None:
+            yield stmt.orelse.body
+        if stmt.finalbody is not None:
+            yield stmt.finalbody.body
+    elif isinstance(stmt, cst.With):
+        yield stmt.body
+    elif isinstance(stmt, cst.Match):
+        for case in stmt.cases:
+            yield case.body
+
+
+def _statements(body: Sequence[cst.CSTNode], *, into_defs: bool = False) -> Iterator[cst.CSTNode]:
+    """Statements of a block in source order, small statements (``x = 1``, ``import y``) included, descending into
+    compound statements (and into nested defs/classes only with ``into_defs``)."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            yield from stmt.body
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            if into_defs:
+                yield from _statements(stmt.body.body, into_defs=True)
+        else:
+            for suite in _suites(stmt):
+                yield from _statements(suite.body, into_defs=into_defs)
+
+
+_LITERAL_NODES = (cst.SimpleString, cst.ConcatenatedString, cst.Integer, cst.Float, cst.Imaginary, cst.List,
+                  cst.Tuple, cst.Dict, cst.Set, cst.UnaryOperation, cst.Name)
+
+
 class _Parser:
     def __init__(self, path: Path, module_name: str | None):
         self.path = path
@@ -416,16 +501,13 @@ class _Parser:
         package = None
         if self.module_name:
             package = self.module_name if self.path.name == "__init__.py" else self.module_name.rpartition(".")[0]
-
-        class Visitor(cst.CSTVisitor):
-            def visit_Import(v, node: cst.Import) -> None:
+        for node in _statements(self.tree.body, into_defs=True):
+            if isinstance(node, cst.Import):
                 for alias in node.names:
                     full = _dotted(alias.name) or ""
                     local = alias.asname.name.value if alias.asname else full.split(".")[0]
-                    target = full if alias.asname else full.split(".")[0]
-                    self.imports.setdefault(local, target)
-
-            def visit_ImportFrom(v, node: cst.ImportFrom) -> None:
+                    self.imports.setdefault(local, full if alias.asname else full.split(".")[0])
+            elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
                 base = _dotted(node.module) if node.module is not None else ""
                 dots = len(node.relative)
                 if dots:
@@ -433,16 +515,12 @@ class _Parser:
                         base = "." * dots + (base or "")
                     else:
                         parts = package.split(".")
-                        parts = parts[:len(parts) - (dots - 1)] if dots > 1 else parts
+                        parts = parts[:len(parts) - (dots - 1)]
                         base = ".".join([*parts, *([base] if base else [])])
-                if isinstance(node.names, cst.ImportStar):
-                    return
                 for alias in node.names:
                     name = _dotted(alias.name) or ""
                     local = alias.asname.name.value if alias.asname else name
                     self.imports.setdefault(local, f"{base}.{name}" if base else name)
-
-        self.tree.visit(Visitor())
 
     def resolve(self, dotted: str | None) -> str | None:
         """Dotted import origin of a name as written in this file (``nn.Linear`` → ``torch.nn.Linear``)."""
@@ -510,7 +588,9 @@ class _Parser:
             cls.attributes.append(StaticAttribute(name, got[1], self.line(small), "class", got[0]))
 
     def _literal(self, node: cst.CSTNode) -> tuple[bool, Any]:
-        if isinstance(node, (cst.Name, cst.Attribute)) and _dotted(node) not in ("None", "True", "False"):
+        if not isinstance(node, _LITERAL_NODES):
+            return False, None
+        if isinstance(node, cst.Name) and node.value not in ("None", "True", "False"):
             return False, None
         try:
             return True, ast.literal_eval(self.code(node).strip())
@@ -538,45 +618,31 @@ class _Parser:
 
     def _local_literals(self, cls: StaticClass, fn: cst.FunctionDef) -> None:
         """``*mapping*`` locals in any method and literal ``self.x = …`` in ``__init__``."""
-        parser = self
-
-        class Visitor(cst.CSTVisitor):
-            def visit_FunctionDef(v, node: cst.FunctionDef) -> bool:
-                return node is fn
-
-            def visit_ClassDef(v, node: cst.ClassDef) -> bool:
-                return False
-
-            def visit_Assign(v, node: cst.Assign) -> None:
-                if len(node.targets) != 1:
-                    return
-                target = node.targets[0].target
-                if isinstance(target, cst.Name) and "mapping" in target.value.lower():
-                    ok, value = parser._literal(node.value)
-                    if ok:
-                        cls.attributes.append(StaticAttribute(target.value, value, parser.line(node), "local",
-                                                              "literal", fn.name.value))
-                elif (fn.name.value == "__init__" and (path := _self_path(target)) and "." not in path
-                      and isinstance(target, cst.Attribute)):
-                    ok, value = parser._literal(node.value)
-                    if ok:
-                        cls.attributes.append(StaticAttribute(path, value, parser.line(node), "instance",
-                                                              "literal", "__init__"))
-
-        fn.visit(Visitor())
+        for node in _statements(fn.body.body):
+            if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+                continue
+            target = node.targets[0].target
+            if isinstance(target, cst.Name) and "mapping" in target.value.lower():
+                ok, value = self._literal(node.value)
+                if ok:
+                    cls.attributes.append(StaticAttribute(target.value, value, self.line(node), "local",
+                                                          "literal", fn.name.value))
+            elif (fn.name.value == "__init__" and isinstance(target, cst.Attribute)
+                  and (path := _self_path(target)) and "." not in path):
+                ok, value = self._literal(node.value)
+                if ok:
+                    cls.attributes.append(StaticAttribute(path, value, self.line(node), "instance",
+                                                          "literal", "__init__"))
 
     # ---- submodules
     @staticmethod
     def _self_method_calls(fn: cst.FunctionDef, funcs: dict[str, cst.FunctionDef]) -> list[str]:
         found: list[str] = []
-
-        class Visitor(cst.CSTVisitor):
-            def visit_Call(v, node: cst.Call) -> None:
+        for node in _descendants(fn.body):
+            if isinstance(node, cst.Call):
                 p = _self_path(node.func)
                 if p and p in funcs and p not in found:
                     found.append(p)
-
-        fn.visit(Visitor())
         return found
 
     @staticmethod
@@ -593,25 +659,13 @@ class _Parser:
         for p in [*params.posonly_params, *params.params, *params.kwonly_params]:
             if p.default is not None:
                 out.setdefault(p.name.value, []).append(p.default)
-
-        class Visitor(cst.CSTVisitor):
-            def visit_FunctionDef(v, node: cst.FunctionDef) -> bool:
-                return node is fn
-
-            def visit_Assign(v, node: cst.Assign) -> None:
+        for node in _statements(fn.body.body):
+            if isinstance(node, cst.Assign):
                 for t in node.targets:
                     if isinstance(t.target, cst.Name):
                         out.setdefault(t.target.value, []).append(node.value)
-
-            def visit_AnnAssign(v, node: cst.AnnAssign) -> None:
-                if isinstance(node.target, cst.Name) and node.value is not None:
-                    out.setdefault(node.target.value, []).append(node.value)
-
-            def visit_NamedExpr(v, node: cst.NamedExpr) -> None:
-                if isinstance(node.target, cst.Name):
-                    out.setdefault(node.target.value, []).append(node.value)
-
-        fn.visit(Visitor())
+            elif isinstance(node, cst.AnnAssign) and isinstance(node.target, cst.Name) and node.value is not None:
+                out.setdefault(node.target.value, []).append(node.value)
         return out
 
     def _candidates(self, name: str, local: dict[str, list[cst.CSTNode]], depth: int = 0) -> list[str]:
@@ -678,29 +732,19 @@ class _Parser:
             elif alt and alt != existing.constructor and alt not in existing.candidates and sub.kind != "unknown":
                 existing.candidates.append(alt)
 
-        class Visitor(cst.CSTVisitor):
-            def visit_FunctionDef(v, node: cst.FunctionDef) -> bool:
-                return node is fn
-
-            def visit_ClassDef(v, node: cst.ClassDef) -> bool:
-                return False
-
-            def visit_Assign(v, node: cst.Assign) -> None:
+        for node in _statements(fn.body.body):
+            if isinstance(node, cst.Assign):
                 for t in node.targets:
                     target = t.target
                     if isinstance(target, (cst.Tuple, cst.List)):
                         names = [_self_path(e.value) for e in target.elements]
-                        if all(names) and names and not any("." in n for n in names):
-                            record(names, node.value, parser.line(node))
+                        if names and all(names) and not any("." in n for n in names):
+                            record(names, node.value, self.line(node))
                     elif isinstance(target, cst.Attribute) and (p := _self_path(target)) and "." not in p:
-                        record([p], node.value, parser.line(node))
-
-            def visit_AnnAssign(v, node: cst.AnnAssign) -> None:
-                if node.value is not None and isinstance(node.target, cst.Attribute):
-                    if (p := _self_path(node.target)) and "." not in p:
-                        record([p], node.value, parser.line(node))
-
-        fn.visit(Visitor())
+                        record([p], node.value, self.line(node))
+            elif isinstance(node, cst.AnnAssign) and node.value is not None and isinstance(node.target, cst.Attribute):
+                if (p := _self_path(node.target)) and "." not in p:
+                    record([p], node.value, self.line(node))
 
     def _submodule_for(self, names: list[str], value: cst.CSTNode, line: int, method: str,
                        local: dict[str, list[cst.CSTNode]], funcs: dict[str, cst.FunctionDef]
@@ -750,17 +794,9 @@ class _Parser:
         params = [p.name.value for p in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]]
         walker = _CallWalker(self, cls)
         walker.walk(fn.body, False, False)
-        returns: list[str] = []
-
-        class Visitor(cst.CSTVisitor):
-            def visit_FunctionDef(v, node: cst.FunctionDef) -> bool:
-                return node is fn
-
-            def visit_Return(v, node: cst.Return) -> None:
-                if isinstance(node.value, cst.Call) and (d := _dotted(node.value.func)):
-                    returns.append(d)
-
-        fn.visit(Visitor())
+        returns = [d for node in _statements(fn.body.body)
+                   if isinstance(node, cst.Return) and isinstance(node.value, cst.Call)
+                   and (d := _dotted(node.value.func))]
         return StaticMethod(fn.name.value, start, after - 1, params, walker.calls, returns)
 
 
@@ -837,21 +873,18 @@ class _CallWalker:
                 else:
                     self.aliases.pop(name, None)
         else:
-            for child in node.children:
+            for child in _children(node):
                 w(child, cond, loop)
 
     def bind_loop(self, target: cst.CSTNode, it: cst.CSTNode) -> None:
         attrs: list[str] = []
-
-        class Visitor(cst.CSTVisitor):
-            def visit_Attribute(v, node: cst.Attribute) -> bool:
-                p = _self_path(node)
-                if p is not None:
-                    attrs.append(p)
-                    return False
-                return True
-
-        it.visit(Visitor())
+        stack = [it]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, cst.Attribute) and (p := _self_path(node)) is not None:
+                attrs.append(p)
+                continue
+            stack.extend(reversed(list(_children(node))))
         subs = self.cls.submodules
         best = next((a for a in attrs if a in subs and subs[a].kind == "list"), None) \
             or next((a for a in attrs if a.split(".")[0] in subs), None)
