@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("ekka-out/demo"))
     demo.add_argument("--fresh", action="store_true")
 
+    b = sub.add_parser("bench", help="run the public benchmark of re-injected real bugs")
+    b.add_argument("--out", type=Path, default=Path("ekka-out/bench"))
+    b.add_argument("--fast", action="store_true", help="the CI subset")
+    b.add_argument("--case", action="append", help="run only these cases (repeatable)")
+    b.add_argument("--list", action="store_true", help="list the cases")
+
     z = sub.add_parser("zoo", help="build a tiny model from the zoo and print its path")
     z.add_argument("arch")
     return p
@@ -55,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             return _diagnose(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "zoo":
             from ekka_core.zoo import build_model
             print(build_model(args.arch))
@@ -116,6 +124,42 @@ def _demo(args: argparse.Namespace) -> int:
     spec = DiagnosisSpec(model=str(model), prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype,
                          max_new_tokens=6)
     return _run(spec, args.out, args.fresh, {bugs.ENV_VAR: bug.name})
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+
+    from ekka_core import bench
+
+    out = Console()
+    names = bench.case_names()
+    if args.list:
+        for n in names:
+            out.print(n)
+        return 0
+    if args.fast:
+        names = bench.FAST_SUBSET
+    if args.case:
+        unknown = [c for c in args.case if c not in names and c not in bench.case_names()]
+        if unknown:
+            raise BadInput(f"unknown benchmark case(s): {', '.join(unknown)}", fix="see `ekka bench --list`")
+        names = args.case
+
+    def show(r: "bench.CaseResult") -> None:
+        mark = "[green]pass[/]" if r.passed_at_1 else ("[yellow]pass@3[/]" if r.passed_at_3 else "[red]FAIL[/]")
+        out.print(f"{mark} {r.case}: verdict {r.verdict}, rank {r.rank}, top {r.top} ({r.seconds:.0f} s)"
+                  + (f" — {r.error}" if r.error else ""))
+
+    summary = bench.run_bench(names, args.out, on_result=show)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(summary, indent=1))
+    table = bench.markdown_table(summary)
+    (args.out / "bench.md").write_text(table + "\n")
+    out.print(table)
+    cases = summary["cases"]
+    return 0 if all(c["passed_at_3"] for c in cases) else 1
 
 
 def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +27,10 @@ class DiagnosisSpec:
     max_new_tokens: int = 8
     # Passed to the target engine's constructor (vLLM: LLM(**engine_args)), e.g. max_model_len.
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # Trace size control: a regex on module paths to record (empty: all), and the dtype tensors are stored in
+    # (empty: as computed; "float16"/"bfloat16" halve an fp32 trace).
+    trace_modules: str = ""
+    trace_store_dtype: str = ""
     # Analysis threshold on the error ratio (DESIGN.md: correct ≤ 1.5, buggy ≥ 3.1; stable 1.5–2.5).
     threshold: float = 2.0
 
@@ -66,11 +71,23 @@ class DiagnosisSpec:
             raise bad("max_new_tokens", "an integer")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or self.threshold <= 1:
             raise bad("threshold", "a number above 1 (the error ratio of a correct component is ≈ 1)")
+        if self.trace_store_dtype and self.trace_store_dtype not in DTYPES:
+            raise BadInput(f"trace_store_dtype {self.trace_store_dtype!r} is not a dtype",
+                           fix=f"use one of {', '.join(DTYPES)} or leave it empty")
+        if self.trace_modules:
+            try:
+                re.compile(self.trace_modules)
+            except re.error as e:
+                raise BadInput(f"trace_modules is not a valid regular expression ({e})",
+                               fix="write a Python regex matching module paths, e.g. 'layers\\.(0|1)\\.'") from None
         if not isinstance(self.engine_args, dict):
             raise bad("engine_args", "a table, e.g. [engine_args] max_model_len = 1024")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def trace_options(self) -> dict[str, str]:
+        return {"include": self.trace_modules, "store_dtype": self.trace_store_dtype}
 
     def fingerprint(self) -> str:
         """Identifies the inputs of a capture: equal fingerprints ⇒ traces can be reused."""

@@ -35,3 +35,34 @@ def zoo_model(zoo_dir: Path) -> Callable[..., Path]:
         return build_model(arch, overrides=overrides or None, root=zoo_dir)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def clean_diagnosis(zoo_model, tmp_path_factory) -> Callable[[str, str], tuple[int, Path]]:
+    """``clean_diagnosis(arch, dtype)`` → (exit code, OUTDIR) of ``ekka diagnose`` on the clean zoo model, run once
+    per (arch, dtype) per session through the real CLI and shared by the tests that inspect it."""
+    import subprocess
+    import sys
+
+    done: dict[tuple[str, str], tuple[int, Path]] = {}
+
+    def run(arch: str, dtype: str) -> tuple[int, Path]:
+        if (arch, dtype) not in done:
+            out = tmp_path_factory.mktemp(f"clean-{arch}-{dtype}")
+            cmd = [sys.executable, "-m", "ekka_core.cli", "diagnose", "--model", str(zoo_model(arch)),
+                   "--target", "vllm", "--reference", "hf", "--dtype", dtype, "--max-new-tokens", "3",
+                   "--prompt", CLEAN_PROMPTS[0], "--prompt", CLEAN_PROMPTS[1], "--out", str(out)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            (out / "cli.log").write_text(proc.stdout + proc.stderr)
+            done[(arch, dtype)] = (proc.returncode, out)
+        return done[(arch, dtype)]
+
+    return run
+
+
+# Two prompts of different lengths in one batch; the first is longer than the zoo's sliding window (16).
+CLEAN_PROMPTS = [
+    "Once upon a time there was a small model that learned to count, to rhyme and to tell long stories. "
+    "The capital of France is Paris.",
+    "Sliding window attention only sees",
+]

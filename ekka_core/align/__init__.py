@@ -147,6 +147,7 @@ def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, l
             raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: the reference has no "
                                  f"rows for (sequence, position) {missing[:3]}")
         sides.append(rows)
+    _check_declared_split(pair, traces.target)
     x_t, x_r, y_r = (torch.stack([s[k] for k in keys]) for s in sides)
     if x_t.shape != x_r.shape:
         raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: shapes differ after "
@@ -163,6 +164,20 @@ def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, l
         except (KeyError, AlignmentError, RuntimeError):
             inputs = None  # inputs are a bonus for local blame; the outputs are what is compared
     return AlignedPair(pair, order, keys, x_t, x_r, y_r, inputs)
+
+
+def _check_declared_split(pair: ComponentPair, target: Trace) -> None:
+    """Self-check for 1:N pairs: the reference parts must line up with the blocks the engine declares for its
+    fused module (vLLM's QKVParallelLinear is [q | k | v] with GQA widths). A swapped or mis-sized split is an
+    alignment error, never a comparison."""
+    sizes = pair.reference.split_sizes
+    layout = target.run.declared.get("tp_layout", {}).get(pair.target.modules[0])
+    if not sizes or not layout or len(layout["blocks"]) != len(sizes):
+        return
+    if list(layout["blocks"]) != list(sizes):
+        raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: the reference parts have "
+                             f"widths {list(sizes)} but the engine declares its fused output as blocks "
+                             f"{list(layout['blocks'])}; the split order or sizes are wrong")
 
 
 def _calls_by_module(trace: Trace) -> dict[str, list[ModuleCall]]:

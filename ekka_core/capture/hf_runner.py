@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ekka_core.capture.hooks import ModuleTracer
+from ekka_core.capture.hooks import ModuleTracer, tracer_for
 from ekka_core.capture.trace import RunInfo, TraceWriter
 from ekka_core.errors import BadInput
 from ekka_core.spec import DiagnosisSpec
@@ -83,7 +83,7 @@ def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int],
                        own_prompt_token_ids=own_tokenization(spec.model, spec.prompts),
                        token_ids=token_ids, prompt_lens=prompt_lens)
     writer = TraceWriter(out_dir, run_info)
-    tracer = ModuleTracer(writer, layout).attach(model)
+    tracer = tracer_for(writer, layout, spec.trace_options()).attach(model)
     restore = _trace_functions(model, tracer)
     try:
         with torch.no_grad():

@@ -30,6 +30,18 @@ def _source(obj: Any) -> tuple[str | None, int | None]:
         return None, None
 
 
+def tracer_for(writer: TraceWriter, layout: Callable[[tuple, dict], Layout], options: dict[str, str] | None
+               ) -> "ModuleTracer":
+    """A tracer configured by a spec's trace options (module regex, storage dtype)."""
+    import re
+
+    options = options or {}
+    if options.get("store_dtype"):
+        writer.store_dtype = getattr(torch, options["store_dtype"])
+    pattern = re.compile(options["include"]) if options.get("include") else None
+    return ModuleTracer(writer, layout, include=(lambda name: bool(pattern.search(name))) if pattern else None)
+
+
 class ModuleTracer:
     """Install with :meth:`attach`; every forward of the root starts a new step."""
 
@@ -44,6 +56,7 @@ class ModuleTracer:
         self._child_attr: dict[tuple[int, int], str] = {}   # (parent id, child id) -> attribute name
         self._stack: list[str] = []                          # paths of the modules executing right now
         self._parent_ids: list[int] = []
+        self._live: list[tuple[ModuleCall, torch.Tensor, float]] = []   # outputs of this step, for _check_mutations
         self._class_info: dict[type, tuple] = {}
         self.fired = 0
 
@@ -53,8 +66,6 @@ class ModuleTracer:
         # named_modules() de-duplicates: a module shared by several parents (vLLM's rotary_emb) keeps the first
         # name, and all its calls are recorded under it.
         for name, module in root.named_modules():
-            if not self.include(name):
-                continue
             self._names[id(module)] = name
             for attr, child in module.named_children():
                 self._child_attr[(id(module), id(child))] = attr
@@ -78,12 +89,23 @@ class ModuleTracer:
         self._parent_ids.append(id(module))
 
     def detach(self) -> None:
+        self._check_mutations()
         for h in self.handles:
             h.remove()
         self.handles.clear()
 
+    def _check_mutations(self) -> None:
+        """Flag outputs that changed after their hook ran (fused kernels update tensors in place: vLLM's add+RMSNorm
+        rewrites the residual). The recorded value is the clone taken at hook time — the module's true output —
+        so the trace stays valid; the flag says downstream consumers saw something else."""
+        for call, live, checksum in self._live:
+            if float(live.detach().double().sum()) != checksum and not (checksum != checksum):
+                call.mutated_after_hook = True
+        self._live.clear()
+
     # -- hooks ------------------------------------------------------------------------------------------------
     def _start_step(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._check_mutations()
         reqs, pos = self.layout(args, kwargs)
         step = Step(index=len(self.writer.steps), phase="", seq=[], pos=list(pos))
         self.writer.steps.append(step)
@@ -93,8 +115,8 @@ class ModuleTracer:
         path = self._stack.pop() if self._stack else self._names[id(module)]
         if self._parent_ids:
             self._parent_ids.pop()
-        if not self.writer.steps:
-            return  # a call outside any traced step (warm-up); nothing to align it with
+        if not self.writer.steps or not self.include(path):
+            return  # outside any traced step (warm-up), or excluded by the user's module filter
         self.fired += 1
         w = self.writer
         step = w.steps[-1]
@@ -117,6 +139,9 @@ class ModuleTracer:
         names, values = _flatten_output(output)
         call.output_names = names
         call.outputs = [self._store(f"c{index}.out{i}", x) for i, x in enumerate(values)]
+        for x in values:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                self._live.append((call, x, float(x.detach().double().sum())))
         first = next((o for o in call.outputs if isinstance(o, TensorRef)), None)
         n_rows, n_reqs = len(step.pos), len(set(self._step_req[-1]))
         if (first is not None and first.shape and first.shape[0] != n_rows and first.shape[0] == n_reqs

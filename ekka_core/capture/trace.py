@@ -50,6 +50,7 @@ class ModuleCall:
     forward_file: str | None
     forward_line: int | None
     shared_as: str | None = None  # the registered name, when one module object serves several call sites
+    mutated_after_hook: bool = False   # an output was changed in place after the hook (value kept: hook time)
     rows: str = "tokens"   # "tokens": one row per token of the step; "sampled": one row per sequence (last token)
     inputs: list[TensorRef | str | None] = field(default_factory=list)   # str: summary of a non-tensor
     outputs: list[TensorRef | str | None] = field(default_factory=list)

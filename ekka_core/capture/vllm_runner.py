@@ -80,7 +80,8 @@ def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
                        prompts=list(spec.prompts))
     from dataclasses import asdict
     # The worker method comes from Ekka's vLLM plugin, loaded by vLLM itself in every worker process.
-    llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), asdict(run_info)))
+    llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), asdict(run_info),
+                                                          spec.trace_options()))
     params = SamplingParams(temperature=0.0, max_tokens=spec.max_new_tokens, ignore_eos=True)
     failure = None
     outputs = []

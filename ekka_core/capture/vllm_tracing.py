@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ekka_core.capture.hooks import ModuleTracer
+from ekka_core.capture.hooks import ModuleTracer, tracer_for
 from ekka_core.capture.trace import RunInfo, TraceWriter
 
 _TRACER: ModuleTracer | None = None
@@ -22,12 +22,13 @@ def active() -> ModuleTracer | None:
     return _TRACER
 
 
-def start(worker: Any, out_dir: str, run: dict[str, Any]) -> dict[str, Any]:
-    return start_on_runner(worker.model_runner, out_dir, run)
+def start(worker: Any, out_dir: str, run: dict[str, Any], options: dict[str, str] | None = None
+          ) -> dict[str, Any]:
+    return start_on_runner(worker.model_runner, out_dir, run, options=options)
 
 
-def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, flush_every_step: bool = False
-                    ) -> dict[str, Any]:
+def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, flush_every_step: bool = False,
+                    options: dict[str, str] | None = None) -> dict[str, Any]:
     global _TRACER
     import vllm
     from vllm.distributed import parallel_state
@@ -57,7 +58,7 @@ def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, flush_eve
             _TRACER.flush_index()
         return reqs, pos
 
-    _TRACER = ModuleTracer(writer, layout).attach(model)
+    _TRACER = tracer_for(writer, layout, options).attach(model)
     return {"rank": tp_rank, "dir": str(directory), "pid": os.getpid()}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from ekka_core.errors import BadInput
 
 # Bump when the build procedure itself changes (not needed for recipe edits: they are hashed).
-ZOO_VERSION = 1
+ZOO_VERSION = 2
 
 # Shared by every recipe: small enough to run on two CPU cores in seconds, large enough for vLLM's CPU kernels
 # (head_dim 64: the CPU attention backend rejects 16) and for sliding windows to be exceeded by a 64-token prompt.
@@ -126,15 +126,18 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{arch}-", dir=target.parent))
     try:
         model_type = config_dict.pop("model_type")
         config = AutoConfig.for_model(model_type, **config_dict)
-        config.torch_dtype = "float32"
+        config.dtype = "float32"
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         _perturb_norm_weights(model, seed)
         model.save_pretrained(staging, safe_serialization=True)
         _train_tokenizer(staging, config_dict)
@@ -150,14 +153,14 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
 
 
 def _perturb_norm_weights(model: Any, seed: int) -> None:
-    """Give norm weights random values: HF initialises them to exactly 1 (or 0 for Gemma's 1+w form), which
-    would hide a norm that ignores or mis-applies its weight."""
+    """Give norm weights and biases random values: HF initialises them to exactly 1 / 0 (0 for Gemma's 1+w
+    form), which would hide a norm that ignores its weight or a layer that drops its bias."""
     import torch
 
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
+            if ("norm" in name and name.endswith("weight")) or name.endswith(".bias"):
                 param.add_(0.1 * torch.randn(param.shape, generator=gen))
 
 

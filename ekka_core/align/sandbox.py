@@ -1,0 +1,458 @@
+"""Run an untrusted aligner (agent- or user-written, see :mod:`ekka_core.align.template`) outside Ekka's process.
+
+:func:`run_aligner` validates the source statically, then runs it in a fresh ``python -I`` subprocess:
+
+* inputs go through a private temp dir as **safetensors** (``target.safetensors``, ``reference.safetensors``) plus
+  ``meta.json`` — never pickle, in either direction; the result comes back as ``out.safetensors``;
+* the child is a standalone bootstrap (:data:`_CHILD_SOURCE`, written next to the inputs) that imports only
+  numpy and safetensors — not Ekka, not torch — so it starts in ~0.2 s and needs ~100 MB of address space;
+* ``preexec_fn`` sets rlimits before the interpreter starts: address space = ``memory_mb``, CPU time ≈
+  ``timeout_s``, 64 open files, files written ≤ ``memory_mb``, no core dumps; the child gets its own session so
+  the whole process group is killed on the wall-clock timeout;
+* the environment is replaced by :func:`sanitized_env` (no API keys or tokens), cwd is the temp dir;
+* before the aligner's code runs, the bootstrap replaces ``socket.socket``, ``socket.create_connection`` and the
+  name-resolution functions (in ``socket`` and ``_socket``) and ``builtins.open`` with stubs that raise; a network
+  attempt fails the run even when the aligner swallowed the exception.
+
+Then the self-checks (``shape`` and ``finite`` always, plus those the source declares in ``SELF_CHECKS``) run in
+the parent on the returned fp32 arrays. Every failure raises :class:`~ekka_core.align.AlignmentError` naming what
+failed.
+
+This is containment for buggy or careless code, not a hardened security boundary: there is no seccomp or
+namespace isolation, so code that evades the static checks could still read files the user can read. The static
+checks (no imports besides numpy/math, no ``open``/``exec``/``getattr``/dunder access, no numpy file I/O) and the
+stripped environment keep an honest-but-wrong aligner from doing harm.
+
+Run directly, this module runs one aligner on the safetensors files in a directory (a debugging aid)::
+
+    python -m ekka_core.align.sandbox --run DIR   # DIR holds aligner.py, target/reference.safetensors, meta.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from ekka_core.align import AlignmentError
+from ekka_core.align.template import ALWAYS_CHECKS, declared_checks, validate_source
+
+# Environment variables the child keeps from the parent (PYTHONPATH is ignored under -I; the import paths of
+# numpy and safetensors are handed over explicitly instead). Everything else — API keys, tokens — is dropped.
+ENV_KEEP = ("PATH", "PYTHONPATH", "LANG")
+# Set in the child: one BLAS thread keeps the address space small and the run deterministic.
+ENV_FIXED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LC_ALL": "C.UTF-8"}
+MAX_OPEN_FILES = 64
+LOG_TAIL = 20_000            # characters of the child's stdout+stderr kept in the result / error
+CORRELATION_MIN = 0.9        # row_sums / col_sums threshold
+
+
+@dataclass
+class AlignerResult:
+    target: np.ndarray                        # [rows, features] fp32
+    reference: np.ndarray                     # same shape
+    checks: dict[str, bool] = field(default_factory=dict)   # self-check -> passed (all True when returned)
+    stderr: str = ""                          # the child's stdout and stderr, last LOG_TAIL characters
+    seconds: float = 0.0                      # wall time of the child process
+
+
+def sanitized_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's whole environment: :data:`ENV_KEEP` copied from ``environ`` (default ``os.environ``) plus
+    :data:`ENV_FIXED`. Nothing else crosses — in particular no ``*_API_KEY``, ``*_TOKEN`` or credentials."""
+    src = os.environ if environ is None else environ
+    env = {k: src[k] for k in ENV_KEEP if k in src}
+    env.setdefault("PATH", "/usr/bin:/bin")
+    env.update(ENV_FIXED)
+    return env
+
+
+def run_aligner(src: str, target: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
+                meta: Mapping[str, Any] | None = None, *, timeout_s: float = 10, memory_mb: int = 1024,
+                validate: bool = True) -> AlignerResult:
+    """Run aligner source ``src`` on the two sides' named tensors in a sandboxed subprocess and self-check it.
+
+    ``meta`` must be JSON-serialisable (numpy scalars and arrays are converted; tuples arrive as lists);
+    ``target_shapes`` / ``reference_shapes`` are added when absent. ``timeout_s`` bounds the child's wall time
+    (startup included, ~0.2 s); ``memory_mb`` its address space (inputs and Python included, ~100 MB).
+    ``validate=False`` skips the static checks — only for testing the sandbox's own defences.
+    Raises :class:`AlignmentError` on a rejected source, timeout, memory or CPU limit, an exception in ``align``,
+    a bad return value or a failing self-check."""
+    if validate:
+        problems = validate_source(src)
+        if problems:
+            raise AlignmentError("aligner rejected by static validation: " + "; ".join(problems),
+                                 fix="follow ekka_core.align.template.TEMPLATE: a pure function using only "
+                                     "numpy and math")
+    target = _as_arrays(target, "target")
+    reference = _as_arrays(reference, "reference")
+    meta = dict(meta or {})
+    meta.setdefault("target_shapes", {k: list(v.shape) for k, v in target.items()})
+    meta.setdefault("reference_shapes", {k: list(v.shape) for k, v in reference.items()})
+    try:
+        meta_json = json.dumps(meta, default=_jsonable)
+    except (TypeError, ValueError) as e:
+        raise AlignmentError(f"aligner meta is not JSON-serialisable: {e}") from e
+
+    with tempfile.TemporaryDirectory(prefix="ekka-aligner-") as tmp:
+        d = Path(tmp)
+        (d / "aligner.py").write_text(src)
+        (d / "runner.py").write_text(_CHILD_SOURCE)
+        (d / "meta.json").write_text(meta_json)
+        (d / "runner.json").write_text(json.dumps({"paths": _import_paths()}))
+        save_file(target, str(d / "target.safetensors"))
+        save_file(reference, str(d / "reference.safetensors"))
+        rc, seconds, log = _spawn(d, timeout_s, memory_mb)
+        error = d / "error.json"
+        if error.exists():
+            raise _child_error(json.loads(error.read_text()), memory_mb, log)
+        if rc != 0:
+            raise _crash_error(rc, timeout_s, memory_mb, log)
+        out_path = d / "out.safetensors"
+        if not out_path.exists():
+            raise AlignmentError("aligner process exited without writing its result" + _log_hint(log))
+        out = load_file(str(out_path))
+    t, r = out["target"], out["reference"]
+
+    nonfinite_inputs = any(v.dtype.kind in "fc" and not np.isfinite(v).all()
+                           for v in (*target.values(), *reference.values()))
+    checks, failures = run_self_checks(t, r, declared_checks(src), rows=meta.get("rows"),
+                                       inputs_finite=not nonfinite_inputs)
+    if failures:
+        err = AlignmentError("aligner self-check failed: " + "; ".join(failures) + _log_hint(log))
+        err.checks = checks    # type: ignore[attr-defined]
+        raise err
+    return AlignerResult(t, r, checks, log, seconds)
+
+
+def run_self_checks(t: np.ndarray, r: np.ndarray, declared: list[str], *, rows: int | None = None,
+                    inputs_finite: bool = True) -> tuple[dict[str, bool], list[str]]:
+    """Run ``shape`` and ``finite`` plus the ``declared`` checks on an aligned pair.
+
+    Returns ``{check: passed}`` and one message per failure. ``row_sums`` / ``col_sums`` compare the per-row /
+    per-feature sums of the two sides (Pearson r > 0.9, or near-equality when there are fewer than 3 values or no
+    spread): a cheap fingerprint that both sides hold the same computation on the same rows / features. They are
+    only meaningful on a known-correct fp32 pair — on a buggy target a low r is the bug, not the alignment — and
+    ``row_sums`` cannot see features permuted within a row (``col_sums`` can), nor ``col_sums`` rows permuted."""
+    checks: dict[str, bool] = {}
+    failures: list[str] = []
+    names = list(dict.fromkeys([*ALWAYS_CHECKS, *declared]))
+
+    shape_problem = None
+    if t.ndim != 2 or r.ndim != 2:
+        shape_problem = f"expected 2-D [rows, features], got target {list(t.shape)} and reference {list(r.shape)}"
+    elif t.shape != r.shape:
+        shape_problem = f"target is {list(t.shape)} but reference is {list(r.shape)}"
+    elif rows is not None and t.shape[0] != int(rows):
+        shape_problem = f"{t.shape[0]} rows but meta['rows'] is {int(rows)}"
+    checks["shape"] = shape_problem is None
+    if shape_problem:
+        failures.append(f"shape: {shape_problem}")
+
+    bad = [side for side, a in (("target", t), ("reference", r)) if not np.isfinite(a).all()]
+    checks["finite"] = not bad or not inputs_finite
+    if not checks["finite"]:
+        failures.append(f"finite: the {' and '.join(bad)} result has NaN/inf although no input did")
+
+    for name, axis, what in (("row_sums", 1, "rows"), ("col_sums", 0, "features")):
+        if name not in names:
+            continue
+        if shape_problem:
+            checks[name] = False
+            failures.append(f"{name}: not run, the shapes differ")
+            continue
+        ok, r_val = _agree(t.astype(np.float64).sum(axis=axis), r.astype(np.float64).sum(axis=axis))
+        checks[name] = ok
+        if not ok:
+            how = f"correlate at r={r_val:.3f} (< {CORRELATION_MIN})" if r_val is not None else "differ"
+            failures.append(f"{name}: per-{what[:-1]} sums of target and reference {how} — the {what} do not "
+                            f"line up (this fingerprint assumes a known-correct fp32 pair)")
+    return checks, failures
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def _agree(a: np.ndarray, b: np.ndarray) -> tuple[bool, float | None]:
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return False, None
+    if a.size < 3 or a.std() == 0 or b.std() == 0:
+        scale = float(max(np.abs(a).max(initial=0), np.abs(b).max(initial=0)))
+        return bool(np.allclose(a, b, rtol=1e-3, atol=1e-6 * scale + 1e-12)), None
+    r = float(np.corrcoef(a, b)[0, 1])
+    return r > CORRELATION_MIN, r
+
+
+def _as_arrays(tensors: Mapping[str, np.ndarray], side: str) -> dict[str, np.ndarray]:
+    out = {}
+    for name, v in tensors.items():
+        a = np.asarray(v)
+        if not isinstance(name, str) or a.dtype.kind not in "fiub":
+            raise AlignmentError(f"aligner input {side}[{name!r}] must be a numeric numpy array named by a string, "
+                                 f"got dtype {a.dtype}")
+        out[name] = np.ascontiguousarray(a)
+    return out
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"{type(x).__name__} is not JSON-serialisable")
+
+
+def _import_paths() -> list[str]:
+    """Directories holding numpy and safetensors, for a child that may not see the parent's PYTHONPATH."""
+    import safetensors
+    return list(dict.fromkeys(str(Path(m.__file__).resolve().parent.parent) for m in (np, safetensors)))
+
+
+def _limits(timeout_s: float, memory_mb: int) -> Callable[[], None]:
+    mem = int(memory_mb) << 20
+    cpu = int(math.ceil(timeout_s)) + 1
+
+    def apply() -> None:                           # runs in the child between fork and exec
+        for res, value, hard in ((resource.RLIMIT_AS, mem, mem), (resource.RLIMIT_CPU, cpu, cpu + 1),
+                                 (resource.RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
+                                 (resource.RLIMIT_FSIZE, mem, mem), (resource.RLIMIT_CORE, 0, 0)):
+            _, cur_hard = resource.getrlimit(res)
+            if cur_hard != resource.RLIM_INFINITY:
+                value, hard = min(value, cur_hard), min(hard, cur_hard)
+            resource.setrlimit(res, (value, hard))
+    return apply
+
+
+def _spawn(d: Path, timeout_s: float, memory_mb: int) -> tuple[int, float, str]:
+    """Run the bootstrap in ``d``; return (exit status, seconds, log tail). Raises AlignmentError on timeout."""
+    log_path = d / "log.txt"
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-I", "-B", "runner.py"], cwd=d, env=sanitized_env(),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True,
+                                preexec_fn=_limits(timeout_s, memory_mb), start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            rc = None
+        finally:
+            _kill_group(proc)
+        if rc is None:
+            rc = proc.wait()
+    seconds = time.monotonic() - start
+    text = _tail(log_path)
+    if timed_out:
+        raise AlignmentError(f"aligner timed out after {timeout_s:g} s (wall clock) and was killed"
+                             + _log_hint(text), fix="align must finish quickly: vectorise with numpy, no loops "
+                                                    "over elements")
+    return rc, seconds, text
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)       # the child's own session: it and anything it started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 4 * LOG_TAIL))
+        return f.read().decode("utf-8", "replace")[-LOG_TAIL:]
+
+
+def _log_hint(log: str) -> str:
+    lines = [ln for ln in log.strip().splitlines() if ln.strip()]
+    return f" [aligner output ends: {lines[-1].strip()[:300]}]" if lines else ""
+
+
+def _child_error(info: dict, memory_mb: int, log: str) -> AlignmentError:
+    kind = info.get("kind")
+    what = f"{info.get('type', 'Error')}: {info.get('message', '')}".rstrip(": ")
+    where = f" (aligner line {info['line']})" if info.get("line") else ""
+    if kind == "memory":
+        return AlignmentError(f"aligner exceeded its memory limit ({memory_mb} MB): {what}{where}",
+                              fix="align must not allocate more than a few copies of its inputs")
+    if kind == "network":
+        return AlignmentError(f"aligner attempted network access, which the sandbox blocks: {info.get('message')}",
+                              fix="an aligner is a pure function of its inputs")
+    if kind == "contract":
+        return AlignmentError(f"aligner broke the template contract: {info.get('message')}",
+                              fix="align must return (target_array, reference_array), numeric, [rows, features]")
+    if kind == "load":
+        return AlignmentError(f"aligner sandbox failed to start: {what}" + _log_hint(log))
+    return AlignmentError(f"aligner raised {what}{where}")
+
+
+def _crash_error(rc: int, timeout_s: float, memory_mb: int, log: str) -> AlignmentError:
+    last = _log_hint(log)
+    if rc < 0:
+        sig = signal.Signals(-rc)
+        if sig == signal.SIGXCPU:
+            return AlignmentError(f"aligner exceeded its CPU time limit (~{math.ceil(timeout_s) + 1} s)" + last)
+        if sig == signal.SIGXFSZ:
+            return AlignmentError(f"aligner exceeded the file size limit ({memory_mb} MB)" + last)
+        return AlignmentError(f"aligner process was killed by {sig.name} (possibly its memory limit of "
+                              f"{memory_mb} MB)" + last)
+    if "MemoryError" in last:
+        return AlignmentError(f"aligner exceeded its memory limit ({memory_mb} MB)" + last)
+    return AlignmentError(f"aligner process failed with exit status {rc}" + last)
+
+
+# The child: a standalone script (no Ekka, no torch), run as `python -I -B runner.py` in the temp dir.
+_CHILD_SOURCE = r'''
+import builtins, json, linecache, os, sys, traceback
+
+_open = builtins.open
+with _open("runner.json") as f:
+    for p in json.load(f)["paths"]:
+        if p not in sys.path:
+            sys.path.append(p)
+
+
+def report(kind, exc=None, message=None):
+    info = {"kind": kind}
+    if exc is not None:
+        traceback.print_exception(exc)
+        lines = [fr.lineno for fr in traceback.extract_tb(exc.__traceback__) if fr.filename == "<aligner>"]
+        info.update(type=type(exc).__name__, message=str(exc)[:2000], line=lines[-1] if lines else None)
+    if message is not None:
+        info["message"] = message
+    with _open("error.json", "w") as f:
+        json.dump(info, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)                # not SystemExit: nothing may catch it
+
+
+try:
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    target = load_file("target.safetensors")
+    reference = load_file("reference.safetensors")
+    with _open("meta.json") as f:
+        meta = json.load(f)
+    with _open("aligner.py") as f:
+        src = f.read()
+except MemoryError as e:
+    report("memory", e)
+except BaseException as e:
+    report("load", e)
+
+
+class NetworkDisabled(PermissionError):
+    pass
+
+
+class FileAccessDisabled(PermissionError):
+    pass
+
+
+attempts = []
+
+
+def deny_network(what):
+    attempts.append(what)
+    raise NetworkDisabled(f"network access is disabled in the aligner sandbox ({what})")
+
+
+class BlockedSocket:
+    def __new__(cls, *args, **kwargs):
+        deny_network("socket.socket")
+
+
+def blocked(name):
+    def stub(*args, **kwargs):
+        deny_network(f"socket.{name}")
+    return stub
+
+
+import socket, _socket
+for mod in (socket, _socket):
+    for name in ("socket", "SocketType"):
+        if hasattr(mod, name):
+            setattr(mod, name, BlockedSocket)
+    for name in ("create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo", "gethostbyname",
+                 "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):
+        if hasattr(mod, name):
+            setattr(mod, name, blocked(name))
+
+
+def deny_open(*args, **kwargs):
+    raise FileAccessDisabled("file access is disabled in the aligner sandbox")
+
+
+linecache.cache["<aligner>"] = (len(src), None, src.splitlines(True), "<aligner>")
+builtins.open = deny_open
+try:
+    namespace = {"__name__": "aligner"}
+    exec(compile(src, "<aligner>", "exec"), namespace)
+    align = namespace.get("align")
+    if not callable(align):
+        builtins.open = _open
+        report("contract", message="the source defines no function `align`")
+    out = align(target, reference, meta)
+except MemoryError as e:
+    builtins.open = _open
+    report("memory", e)
+except NetworkDisabled as e:
+    builtins.open = _open
+    report("network", e)
+except BaseException as e:
+    builtins.open = _open
+    report("network" if attempts else "exception", e)
+builtins.open = _open
+
+if attempts:
+    report("network", message=f"network access is disabled in the aligner sandbox ({attempts[0]}; the aligner "
+                              "caught the error)")
+if not isinstance(out, (tuple, list)) or len(out) != 2:
+    report("contract", message=f"align returned {type(out).__name__}, not a (target, reference) pair of arrays")
+arrays = {}
+for side, value in zip(("target", "reference"), out):
+    try:
+        a = np.asarray(value)
+    except BaseException as e:
+        report("contract", message=f"align's {side} result is not an array: {e}")
+    if a.dtype.kind not in "fiub":
+        report("contract", message=f"align's {side} result has dtype {a.dtype}, not a real number type")
+    arrays[side] = np.ascontiguousarray(a, dtype=np.float32)
+try:
+    save_file(arrays, "out.safetensors")
+except MemoryError as e:
+    report("memory", e)
+'''
+
+
+def _main(argv: list[str]) -> int:
+    """``--run DIR``: run the aligner in DIR on its inputs (see the module docstring) and print the checks."""
+    if len(argv) != 2 or argv[0] != "--run":
+        print("usage: python -m ekka_core.align.sandbox --run DIR", file=sys.stderr)
+        return 2
+    d = Path(argv[1])
+    meta_path = d / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    try:
+        res = run_aligner((d / "aligner.py").read_text(), load_file(str(d / "target.safetensors")),
+                          load_file(str(d / "reference.safetensors")), meta)
+    except AlignmentError as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        return 3
+    print(json.dumps({"shape": list(res.target.shape), "checks": res.checks, "seconds": round(res.seconds, 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

