@@ -67,6 +67,43 @@ def _patch(variant: str) -> None:
         trace_mod.TraceWriter._flush = _flush
 
 
+def _cpu_s() -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# Where the time of a profiled traced run goes: (category, predicate on (file, function name)).
+CATEGORIES = [
+    ("model compute (oneDNN matmuls)", lambda f, n: "onednn" in n),
+    ("clone to CPU (Tensor.to/contiguous/clone)", lambda f, n: n in ("<method 'to' of 'torch._C.TensorBase' objects>",
+                                                                    "<method 'contiguous' of 'torch._C.TensorBase' objects>",
+                                                                    "<method 'clone' of 'torch._C.TensorBase' objects>")),
+    ("in-place mutation checksum (double().sum())", lambda f, n: n in (
+        "<method 'double' of 'torch._C.TensorBase' objects>", "<method 'sum' of 'torch._C.TensorBase' objects>")),
+    ("safetensors serialisation", lambda f, n: "serialize" in n or "safetensors" in f),
+    ("class source lookup (inspect/ast/tokenize)", lambda f, n: any(m in f for m in ("inspect.py", "ast.py",
+                                                                                      "tokenize.py", "linecache"))
+     or n == "<built-in method builtins.compile>"),
+    ("index building (asdict/json)", lambda f, n: "dataclasses.py" in f or "json" in f),
+    ("Ekka hook Python (hooks.py/trace.py own time)", lambda f, n: "ekka_core" in f),
+]
+
+
+def _categorise(profiler) -> list[tuple[str, float]]:  # noqa: ANN001
+    import pstats
+    st = pstats.Stats(profiler)
+    total = sum(v[2] for v in st.stats.values())
+    sums = {c: 0.0 for c, _ in CATEGORIES}
+    for (f, _line, n), v in st.stats.items():
+        for c, pred in CATEGORIES:
+            if pred(f, n):
+                sums[c] += v[2]
+                break
+    return [(c, t) for c, t in sums.items()] + [("everything else (vLLM, torch ops, Python)",
+                                                  total - sum(sums.values())), ("total (profiled)", total)]
+
+
 def child(cfg: dict) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
@@ -88,56 +125,58 @@ def child(cfg: dict) -> None:
     llm = LLM(**args)
     prompt = [{"prompt_token_ids": cfg["prompt_ids"]}]
     params = SamplingParams(temperature=0.0, max_tokens=cfg["max_new_tokens"], ignore_eos=True)
+    info = asdict(RunInfo(framework="vllm", framework_version=vllm.__version__, role="target", model=spec.model,
+                          dtype=spec.dtype, engine_args={k: v for k, v in args.items() if k != "model"},
+                          prompts=list(spec.prompts)))
 
-    def generate() -> tuple[float, list]:
-        t0 = time.perf_counter()
-        out = llm.generate(prompt, params, use_tqdm=False)
-        return time.perf_counter() - t0, out
+    def untraced() -> dict:
+        w0, c0 = time.perf_counter(), _cpu_s()
+        llm.generate(prompt, params, use_tqdm=False)
+        return {"wall": time.perf_counter() - w0, "cpu": _cpu_s() - c0}
 
-    generate()                                        # warm-up, untraced
-    u1, _ = generate()
-    rss_untraced = _maxrss_mib()
+    def traced(out_dir: Path, profiler=None) -> dict:  # noqa: ANN001
+        if profiler is not None:
+            profiler.enable()
+        w0, c0 = time.perf_counter(), _cpu_s()
+        llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), info))
+        w1 = time.perf_counter()
+        outputs = llm.generate(prompt, params, use_tqdm=False)
+        w2, c2 = time.perf_counter(), _cpu_s()
+        prompt_ids = [list(o.prompt_token_ids) for o in outputs]
+        generated = [list(o.outputs[0].token_ids) for o in outputs]
+        token_ids = [p + g[:-1] for p, g in zip(prompt_ids, generated)]
+        seq_by_req = {o.request_id: i for i, o in enumerate(outputs)}
+        stats = llm.collective_rpc("ekka_trace_control", args=(
+            "close", seq_by_req, [len(p) for p in prompt_ids], token_ids, generated, prompt_ids, None))
+        w3, c3 = time.perf_counter(), _cpu_s()
+        if profiler is not None:
+            profiler.disable()
+        shards = sorted(out_dir.glob("shard-*.safetensors"))
+        index = out_dir / "index.json"
+        return {"wall": w2 - w1, "start": w1 - w0, "close": w3 - w2, "cpu": c2 - c0, "cpu_close": c3 - c2,
+                "tokens": sum(len(t) for t in token_ids), "shard_bytes": sum(p.stat().st_size for p in shards),
+                "shards": len(shards), "index_bytes": index.stat().st_size if index.exists() else 0,
+                "calls": stats[0]["calls"], "steps": stats[0]["steps"]}
 
-    out_dir = Path(cfg["out_dir"])
-    info = RunInfo(framework="vllm", framework_version=vllm.__version__, role="target", model=spec.model,
-                   dtype=spec.dtype, engine_args={k: v for k, v in args.items() if k != "model"},
-                   prompts=list(spec.prompts))
+    untraced()                                        # warm-up, untraced
+    runs_u = [untraced()]
+    rss_untraced = _maxrss_mib()                      # peak before anything was ever traced
+    runs_t = []
     profiler = None
     if variant == "cprofile":
         import cProfile
         profiler = cProfile.Profile()
-        profiler.enable()
-    t0 = time.perf_counter()
-    llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), asdict(info)))
-    t_start = time.perf_counter() - t0
-    traced, outputs = generate()
-    prompt_ids = [list(o.prompt_token_ids) for o in outputs]
-    generated = [list(o.outputs[0].token_ids) for o in outputs]
-    token_ids = [p + g[:-1] for p, g in zip(prompt_ids, generated)]
-    seq_by_req = {o.request_id: i for i, o in enumerate(outputs)}
-    t0 = time.perf_counter()
-    stats = llm.collective_rpc("ekka_trace_control", args=("close", seq_by_req, [len(p) for p in prompt_ids],
-                                                           token_ids, generated, prompt_ids, None))
-    t_close = time.perf_counter() - t0
+    for k in range(cfg["reps"]):
+        runs_t.append(traced(Path(cfg["out_dir"]) / f"rep-{k}", profiler))
+        runs_u.append(untraced())
+    result = {"variant": variant, "untraced": runs_u, "traced": runs_t, "rss_untraced_mib": rss_untraced,
+              "rss_traced_mib": _maxrss_mib(), "torch_threads": _threads()}
     if profiler is not None:
-        profiler.disable()
-    u2, _ = generate()
-    rss_traced = _maxrss_mib()
-
-    shards = sorted(out_dir.glob("shard-*.safetensors"))
-    result = {
-        "variant": variant, "untraced_s": [u1, u2], "traced_s": traced, "start_s": t_start, "close_s": t_close,
-        "rss_untraced_mib": rss_untraced, "rss_traced_mib": rss_traced,
-        "tokens": sum(len(t) for t in token_ids), "shard_bytes": sum(p.stat().st_size for p in shards),
-        "shards": len(shards), "index_bytes": (out_dir / "index.json").stat().st_size
-        if (out_dir / "index.json").exists() else 0,
-        "calls": stats[0]["calls"], "steps": stats[0]["steps"], "torch_threads": _threads(),
-    }
-    if profiler is not None:
+        result["categories"] = _categorise(profiler)
         import io
         import pstats
         buf = io.StringIO()
-        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(18)
+        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(15)
         result["profile"] = buf.getvalue()
     print("EKKA_RESULT " + json.dumps(result), flush=True)
 
@@ -162,7 +201,8 @@ def run_child(cfg: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=2, help="child processes")
+    ap.add_argument("--reps", type=int, default=3, help="traced/untraced alternations per process")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--profile", action="store_true", help="also isolate hook / clone / write costs")
@@ -183,53 +223,73 @@ def main() -> None:
         raise SystemExit(f"the text only has {len(ids)} tokens")
     root = a.keep or Path(tempfile.mkdtemp(prefix="ekka-overhead-"))
     print(f"model {model} (llama, {OVERRIDES}), bf16, prompt {len(ids)} tokens, "
-          f"max_new_tokens {a.max_new_tokens}, {a.runs} process(es)", flush=True)
+          f"max_new_tokens {a.max_new_tokens}, {a.runs} process(es) x {a.reps} alternations", flush=True)
 
     def cfg(variant: str, k: int) -> dict:
         return {"variant": variant, "model": model, "prompt_ids": ids, "max_new_tokens": a.max_new_tokens,
-                "out_dir": str(root / f"{variant}-{k}")}
+                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps}
 
-    results = []
+    def ratios(r: dict) -> list[dict]:
+        """One entry per traced generate, against the mean of the untraced runs just before and after it."""
+        out = []
+        for k, t in enumerate(r["traced"]):
+            before, after = r["untraced"][k], r["untraced"][k + 1]
+            u_wall, u_cpu = (before["wall"] + after["wall"]) / 2, (before["cpu"] + after["cpu"]) / 2
+            out.append({"u": u_wall, "t": t["wall"], "close": t["close"], "wall": t["wall"] / u_wall,
+                        "wall_close": (t["wall"] + t["start"] + t["close"]) / u_wall, "cpu": t["cpu"] / u_cpu,
+                        "cpu_close": (t["cpu"] + t["cpu_close"]) / u_cpu, "first": k == 0})
+        return out
+
+    results, rows = [], []
     for k in range(a.runs):
         r = run_child(cfg("full", k))
         results.append(r)
-        u = statistics.mean(r["untraced_s"])
-        print(f"  run {k}: untraced {r['untraced_s'][0]:.3f}/{r['untraced_s'][1]:.3f} s  traced {r['traced_s']:.3f} s"
-              f" + close {r['close_s']:.3f} s  ratio {r['traced_s'] / u:.2f}x  (incl. close "
-              f"{(r['traced_s'] + r['close_s']) / u:.2f}x)  RSS {r['rss_untraced_mib']:.0f} -> "
+        for j, x in enumerate(ratios(r)):
+            rows.append(x)
+            print(f"  process {k} rep {j}: untraced {x['u']:.3f} s  traced {x['t']:.3f} s (+close {x['close']:.3f} s)"
+                  f"  wall {x['wall']:.2f}x (incl. start/close {x['wall_close']:.2f}x)  CPU-time {x['cpu']:.2f}x",
+                  flush=True)
+        print(f"  process {k}: peak RSS untraced {r['rss_untraced_mib']:.0f} MiB, after tracing "
               f"{r['rss_traced_mib']:.0f} MiB", flush=True)
 
-    def med(f):  # noqa: ANN001
-        return statistics.median(f(r) for r in results)
-
-    r0 = results[0]
+    med = statistics.median
+    t0 = results[0]["traced"][0]
     print()
-    print(f"calls traced {r0['calls']}, forward steps {r0['steps']}, tokens processed {r0['tokens']}, "
-          f"torch threads {r0['torch_threads']}")
-    print(f"untraced generate (median)     {med(lambda r: statistics.mean(r['untraced_s'])):.3f} s")
-    print(f"traced generate (median)       {med(lambda r: r['traced_s']):.3f} s  "
-          f"(+ start rpc {med(lambda r: r['start_s']):.3f} s, close rpc {med(lambda r: r['close_s']):.3f} s)")
-    print(f"ratio traced/untraced          {med(lambda r: r['traced_s'] / statistics.mean(r['untraced_s'])):.2f}x"
-          f"   (generate only)")
-    print(f"ratio incl. close              "
-          f"{med(lambda r: (r['traced_s'] + r['close_s']) / statistics.mean(r['untraced_s'])):.2f}x"
-          f"   (generate + writing the last shard and the index)")
-    print(f"trace bytes per token          {med(lambda r: r['shard_bytes'] / r['tokens']) / 1024:.0f} KiB "
-          f"({r0['shard_bytes'] / 2**20:.1f} MiB in {r0['shards']} shard(s); index.json "
-          f"{r0['index_bytes'] / 1024:.0f} KiB)")
-    print(f"peak RSS untraced / traced     {med(lambda r: r['rss_untraced_mib']):.0f} MiB / "
-          f"{med(lambda r: r['rss_traced_mib']):.0f} MiB  "
-          f"({med(lambda r: r['rss_traced_mib'] / r['rss_untraced_mib']):.2f}x)")
+    print(f"calls traced {t0['calls']}, forward steps {t0['steps']}, tokens processed {t0['tokens']} "
+          f"(prompt + fed-back generated tokens), torch threads {results[0]['torch_threads']}, "
+          f"{len(rows)} traced/untraced pairs")
+    print(f"untraced generate (median)           {med([x['u'] for x in rows]):.3f} s")
+    print(f"traced generate (median)             {med([x['t'] for x in rows]):.3f} s   "
+          f"(+ close rpc {med([x['close'] for x in rows]):.3f} s: last shard + index.json)")
+    print(f"RATIO traced/untraced, wall          {med([x['wall'] for x in rows]):.2f}x   (generate only)")
+    print(f"ratio incl. start + close rpc, wall  {med([x['wall_close'] for x in rows]):.2f}x")
+    print(f"ratio, process CPU time              {med([x['cpu'] for x in rows]):.2f}x   "
+          f"(incl. close {med([x['cpu_close'] for x in rows]):.2f}x; less sensitive to other load)")
+    later = [x["wall"] for x in rows if not x["first"]]
+    if later:
+        print(f"  first traced run in a process      {med([x['wall'] for x in rows if x['first']]):.2f}x   "
+              f"later ones {med(later):.2f}x  (the first pays one-off class-source lookups)")
+    per_tok = [t["shard_bytes"] / t["tokens"] for r in results for t in r["traced"]]
+    print(f"trace bytes per token                {med(per_tok) / 1024:.0f} KiB   "
+          f"({t0['shard_bytes'] / 2**20:.1f} MiB in {t0['shards']} shard(s) for {t0['tokens']} tokens; "
+          f"index.json {t0['index_bytes'] / 1024:.0f} KiB)")
+    ru, rt = med([r["rss_untraced_mib"] for r in results]), med([r["rss_traced_mib"] for r in results])
+    print(f"peak RSS untraced / traced           {ru:.0f} MiB / {rt:.0f} MiB  ({rt / ru:.2f}x)")
 
     if a.profile:
         print("\nwhere the traced time goes (one process each; ratios against the same process' untraced runs):")
         for variant in ("hooks-only", "clone-only", "cprofile"):
             r = run_child(cfg(variant, 0))
-            u = statistics.mean(r["untraced_s"])
-            print(f"  {variant:11s} traced {r['traced_s']:.3f} s + close {r['close_s']:.3f} s vs untraced {u:.3f} s"
-                  f"  -> {r['traced_s'] / u:.2f}x ({(r['traced_s'] + r['close_s']) / u:.2f}x incl. close)"
-                  f"  RSS {r['rss_untraced_mib']:.0f} -> {r['rss_traced_mib']:.0f} MiB")
-            if "profile" in r:
+            xs = ratios(r)
+            print(f"  {variant:11s} traced {med([x['t'] for x in xs]):.3f} s vs untraced {med([x['u'] for x in xs]):.3f} s"
+                  f"  -> wall {med([x['wall'] for x in xs]):.2f}x (incl. close {med([x['wall_close'] for x in xs]):.2f}x)"
+                  f"  CPU-time {med([x['cpu'] for x in xs]):.2f}x   peak RSS {r['rss_untraced_mib']:.0f} -> "
+                  f"{r['rss_traced_mib']:.0f} MiB", flush=True)
+            if "categories" in r:
+                total = r["categories"][-1][1]
+                print(f"    own time by category, {len(xs)} traced generate+close runs under cProfile:")
+                for c, t in r["categories"]:
+                    print(f"      {c:48s} {t:7.3f} s  {100 * t / total:5.1f} %")
                 print(r["profile"])
 
 

@@ -200,7 +200,10 @@ def _print_report(report: dict[str, Any], paths: dict[str, Path]) -> None:
             t.add_row(str(s["rank"]), s["target"]["module"], s["target"]["class"], src, str(s["error_ratio"]),
                       "—" if s["onset_token"] is None else str(s["onset_token"]))
         out.print(t)
-        out.print(f"[dim]{report['suspects'][0]['evidence']}[/]")
+        top = report["suspects"][0]
+        if top["target"].get("call_file"):
+            out.print(f"called from {short_path(top['target']['call_file'])}:{top['target']['call_line']}")
+        out.print(f"[dim]{top['evidence']}[/]")
     for d in report.get("inputs_differ", []):
         out.print(f"prompt {d['prompt']}: token ids differ from position {d['position']}: "
                   f"target {d['target']} vs reference {d['reference']}")

@@ -18,7 +18,7 @@ from ekka_core.capture.trace import Trace
 from ekka_core.mapping import map_components
 from ekka_core.report import build_report, write_report
 from ekka_core.spec import DiagnosisSpec
-from ekka_core.tree import build_tree
+from ekka_core.tree import build_tree, call_site
 
 STAGES = ["capture", "tree", "mapping", "align", "analysis", "report"]
 Progress = Callable[[str, str], None]   # (stage, message)
@@ -61,6 +61,10 @@ def diagnose(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
     unchecked = [{"module": u.module, "reason": u.reason} for u in mapping.unmapped]
     ranking = analyse(aligned, threshold=spec.threshold, dtype=spec.dtype, target_classes=classes,
                       prompt_lens=target.run.prompt_lens, unchecked=unchecked)
+    for suspect in ranking.suspects:
+        site = call_site(t_tree, suspect.module)
+        if site:
+            suspect.call_file, suspect.call_line = site
     for (seq, pos), (_, why) in sorted(aligned.excluded.items()):
         ranking.notes.append(f"prompt {seq}, token {pos} excluded from there on — {why}")
     return _finish(ranking, spec, meta, out_dir, t0, progress)

@@ -135,7 +135,7 @@ class ReproImport:
 # ---------------------------------------------------------------------------------------------------- TOML
 
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
 
@@ -156,7 +156,7 @@ def _toml_str(s: str) -> str:
 def _toml_key(k: Any) -> str:
     if not isinstance(k, str):
         raise ValueError(f"TOML keys must be strings, not {k!r}")
-    return k if _BARE_KEY.match(k) else _toml_str(k)
+    return k if _BARE_KEY.fullmatch(k) else _toml_str(k)
 
 
 def _toml_value(v: Any) -> str:
@@ -415,7 +415,10 @@ class _Importer:
         if isinstance(target, cst.Param) or isinstance(parent, cst.Param):
             raise _Unresolved(target, f"`{name.value}` is a function parameter",
                               "its value depends on how the function is called")
-        where = self.snippet(parent) if parent is not None else name.value
+        stmt = parent
+        while stmt is not None and not isinstance(stmt, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            stmt = self.parents.get(stmt)
+        where = self.snippet(stmt, 60) if stmt is not None else name.value
         raise _Unresolved(target, f"`{name.value}` is bound at run time by `{where}`")
 
     def _check_mutation(self, name: str, ref: cst.CSTNode) -> None:
@@ -429,6 +432,8 @@ class _Importer:
             holder = self.parents.get(parent)
             if isinstance(holder, (cst.AssignTarget, cst.Del)) or (isinstance(holder, cst.AugAssign)
                                                                    and holder.target is parent):
+                if isinstance(holder, cst.AssignTarget):
+                    holder = self.parents[holder]
                 raise _Unresolved(holder, f"`{name}` is modified by item assignment",
                                   "its contents are only known when the script runs")
 
@@ -721,7 +726,7 @@ class _Importer:
                 eng.unknown.append(self._unknown(fld, e, what))
                 continue
             if kw == model_kw:
-                if not isinstance(value, str) or not value:
+                if not isinstance(value, str) or not value or _toml_problem(value):
                     eng.unknown.append(self._unknown("model", _Unresolved(node, "model is not a string"),
                                                      "set `model` to a checkpoint directory or HF id"))
                 else:
@@ -739,6 +744,8 @@ class _Importer:
                                                      f"set `{kw}` under [engine_args] by hand"))
                 else:
                     eng.fields[f"engine_args.{kw}"] = value
+        if "dtype" not in eng.fields and not any(u.field == "dtype" for u in eng.unknown):
+            eng.fields["dtype"] = "auto"  # what the engine does when the script does not say
         if "model" not in eng.fields and not any(u.field == "model" for u in eng.unknown):
             eng.unknown.append(self._unknown("model", _Unresolved(call, f"the engine is built without `{model_kw}`"),
                                              "set `model` to the checkpoint directory or HF id"))
@@ -780,6 +787,8 @@ class _Importer:
             if method not in ("generate", "chat", "async_generate", "beam_search"):
                 continue
             recv = func.value
+            if isinstance(recv, cst.NamedExpr):  # (llm := LLM(...)).generate(...)
+                recv = recv.value
             eng = by_call.get(id(recv)) or by_receiver.get(" ".join(self.code(recv).split()))
             if eng is None and isinstance(recv, cst.Name):
                 try:
@@ -854,9 +863,9 @@ class _Importer:
                                      "Ekka diagnoses text prompts; give the prompt text")
                     continue
                 item = item["prompt"]
-            if not isinstance(item, str):
-                self.add_unknown("prompts", _Unresolved(arg, f"a prompt that is not text ({type(item).__name__})"),
-                                 hint)
+            if not isinstance(item, str) or _toml_problem(item):
+                why = _toml_problem(item) if isinstance(item, str) else f"not text ({type(item).__name__})"
+                self.add_unknown("prompts", _Unresolved(arg, f"a prompt that is {why}"), hint)
                 continue
             prompts.append(item)
         return prompts
@@ -907,7 +916,13 @@ class _Importer:
             self.add_unknown("max_new_tokens", e, "set `max_new_tokens` to the script's "
                              f"{_MAX_TOKENS_KW[kind]}")
             return
+        key = _MAX_TOKENS_KW[kind]
         for params in items:
+            params = dict(params)
+            if key in params:  # one spelling for both engines: "max_new_tokens"
+                params["max_new_tokens"] = params.pop(key)
+            elif key != "max_new_tokens":
+                params.pop("max_new_tokens", None)
             sampling.append((arg, params))
 
     def _sampling_params_list(self, node: cst.BaseExpression) -> list[dict[str, Any]]:
@@ -946,16 +961,17 @@ class _Importer:
                        fields: dict[str, Any]) -> None:
         if not sampling:
             return
-        key = _MAX_TOKENS_KW[kind]
-        values = {json.dumps(p.get(key), sort_keys=True) for _, p in sampling}
+        key, canon = _MAX_TOKENS_KW[kind], "max_new_tokens"
+        values = {json.dumps(p.get(canon), sort_keys=True, default=str) for _, p in sampling}
         if len(values) > 1:
             node = sampling[0][0]
-            shown = ", ".join(f"line {self.line(n)}: {p.get(key, 'default')}" for n, p in sampling)
+            shown = ", ".join(f"line {self.line(n)}: {_show(p[canon]) if canon in p else 'not set'}"
+                              for n, p in sampling)
             self.unknown.append(Unknown("max_new_tokens", self.line(node), self.snippet(node),
                                         f"the generation calls use different {key} ({shown})",
                                         "Ekka runs one setting; set `max_new_tokens` to the one that shows the bug"))
         else:
-            mt = sampling[0][1].get(key)
+            mt = sampling[0][1].get(canon)
             if mt is None:
                 self.note(f"the script does not set {key} (the engine's default is {_DEFAULT_MAX_TOKENS[kind]}); "
                           "the spec keeps Ekka's default max_new_tokens")
@@ -973,7 +989,7 @@ class _Importer:
             self.note(f"the script samples with temperature {shown}; Ekka diagnoses with greedy decoding "
                       "(temperature 0)")
         ignored = sorted({f"{k}={_show(v)}" for _, p in sampling for k, v in p.items()
-                          if k not in (key, "temperature", "stream")})
+                          if k not in (canon, "temperature", "stream")})
         if ignored:
             self.note(f"sampling parameters not used by Ekka (it decodes greedily): {', '.join(ignored)}")
 
@@ -1016,17 +1032,16 @@ class _Importer:
                                                        if shown else "")))
         self.merge_sampling(fields.get("target", kinds[0]), sampling, fields)
 
-        dtype = fields.get("dtype")
-        if dtype in (None, "auto"):
-            fields.pop("dtype", None)
+        if fields.get("dtype") == "auto":
+            del fields["dtype"]
             resolved = _checkpoint_dtype(fields.get("model"), self.path)
-            what = "dtype='auto'" if dtype == "auto" else "the script does not set dtype, so the engine uses"
+            what = "dtype='auto' (set so, or not set) makes the engine use the checkpoint's own dtype"
             if resolved:
                 fields["dtype"] = resolved
-                self.note(f"{what} the checkpoint's own dtype: {resolved} (from its config.json)")
+                self.note(f"{what}: {resolved} (from its config.json)")
             else:
-                self.note(f"{what} the checkpoint's own dtype; the spec keeps Ekka's default "
-                          "(bfloat16) — set `dtype` if the checkpoint is float16 or float32")
+                self.note(f"{what}; the spec keeps Ekka's default (bfloat16) — set `dtype` if the checkpoint "
+                          "is float16 or float32")
         model = fields.get("model")
         if isinstance(model, str) and model.startswith((".", "~")):
             self.note(f"model path {model!r} is relative to the directory the script was run from; "
@@ -1107,7 +1122,13 @@ def _toml_problem(value: Any) -> str | None:
     """Why a value cannot go into the TOML spec, or None when it can."""
     if value is None:
         return "None inside the value (TOML has no null)"
-    if isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "text with a lone surrogate (not valid Unicode)"
+        return None
+    if isinstance(value, (bool, int, float)):
         return None
     if isinstance(value, list):
         return next((p for p in map(_toml_problem, value) if p), None)

@@ -102,3 +102,13 @@ def test_missing_bos_gives_inputs_differ(zoo_model, tmp_path):
     assert report["suspects"] == []
     first = report["inputs_differ"][0]
     assert first["position"] == 0 and first["reference"][0] == 1 and first["target"][0] != 1   # BOS id 1
+
+
+def test_decode_only_bug_starts_at_the_first_decode_step(zoo_model, tmp_path):
+    bug = bugs.get("decode-attention-kernel-wrong-scale")
+    report = _diagnose_bug(bug.name, zoo_model, tmp_path)
+    top = report["suspects"][0]
+    assert bugs.matches(bug, top["target"]["module"]), report["suspects"]
+    assert top["onset_phase"] == "decode:1"
+    prompt_lens = [len(ids) for ids in Trace(tmp_path / "traces/target").run.own_prompt_token_ids]
+    assert top["onset_token"] in prompt_lens           # the first generated position of one of the prompts

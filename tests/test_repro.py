@@ -412,3 +412,19 @@ def test_no_generate_call_found_lists_candidates(tmp_path: Path) -> None:
     result = import_repro(path)
     (u,) = result.unknown
     assert u.field == "prompts" and u.line == 6 and "line 4: e.generate(prompts)" in u.hint
+
+
+def test_auto_dtype_resolved_from_a_local_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"model_type": "llama", "torch_dtype": "float16"}')
+    path = _script(tmp_path, f'''
+        from vllm import LLM, SamplingParams
+        llm = LLM(model={str(ckpt)!r}, dtype="auto")
+        llm.generate("hi", SamplingParams(temperature=0, max_tokens=3))
+    ''')
+    result = import_repro(path)
+    assert result.fields["dtype"] == "float16"
+    assert any("config.json" in n for n in result.notes)
+    assert result.complete
+    assert _roundtrip(tmp_path, result) == result.spec()

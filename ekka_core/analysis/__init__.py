@@ -71,6 +71,8 @@ class Suspect:
     onset_token: int | None
     onset_phase: str | None
     evidence: str
+    call_file: str | None = None    # where the parent's forward calls this module (static source parse)
+    call_line: int | None = None
 
 
 @dataclass

@@ -181,9 +181,9 @@ def _lm_head_wrongly_tied() -> None:
     """vLLM #51063: Mistral3 wrapper resolved tie_word_embeddings from the wrong config, discarding the
     checkpoint's real lm_head.weight in favour of the embedding matrix."""
     import torch
-    from vllm.model_executor.models import llama
+    from vllm.model_executor.models import mistral
 
-    original = llama.LlamaForCausalLM.load_weights
+    original = mistral.MistralForCausalLM.load_weights
 
     def load_weights(self: Any, weights: Any) -> Any:
         loaded = original(self, weights)
@@ -191,7 +191,29 @@ def _lm_head_wrongly_tied() -> None:
             self.lm_head.weight.copy_(self.model.embed_tokens.weight)
         return loaded
 
-    llama.LlamaForCausalLM.load_weights = load_weights
+    mistral.MistralForCausalLM.load_weights = load_weights
+
+
+def _decode_kernel_wrong_scale() -> None:
+    """Emulates the class of SGLang #13044 (a FlashInfer attention kernel wrong on one path, right on the other):
+    the decode-only attention path uses a wrong softmax scale. Prefill is untouched, so the divergence must start
+    at the first decode step."""
+    from vllm.v1.attention.backends import cpu_attn
+
+    original = cpu_attn.CPUAttentionBackendImpl.forward
+
+    def forward(self: Any, layer: Any, query: Any, key: Any, value: Any, kv_cache: Any, attn_metadata: Any,
+                *args: Any, **kwargs: Any) -> Any:
+        if attn_metadata is None or attn_metadata.max_query_len != 1:
+            return original(self, layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs)
+        scale = self.scale
+        self.scale = scale * 1.5
+        try:
+            return original(self, layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs)
+        finally:
+            self.scale = scale
+
+    cpu_attn.CPUAttentionBackendImpl.forward = forward
 
 
 def _crash_mid_run() -> None:
@@ -237,7 +259,7 @@ BUGS: dict[str, Bug] = {b.name: b for b in [
         "https://github.com/vllm-project/vllm/issues/4824 (fix https://github.com/vllm-project/vllm/pull/4930)",
         r"^model\.layers\.0\.self_attn\.rotary_emb$", _qwen2_yarn_ignored,
         zoo_overrides={"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
-                                           "original_max_position_embeddings": 64}}),
+                                           "original_max_position_embeddings": 128}}),
     Bug("qwen3-qk-norm-across-heads", "qwen3", "QK-norm computed across all heads instead of per head",
         "https://github.com/vllm-project/vllm/issues/16300 (fix https://github.com/vllm-project/vllm/pull/16311)",
         r"^model\.layers\.0\.self_attn\.q_norm$", _qk_norm_across_heads),
@@ -253,6 +275,10 @@ BUGS: dict[str, Bug] = {b.name: b for b in [
         "tie_word_embeddings resolved from the wrong config: real lm_head replaced by the embeddings",
         "https://github.com/vllm-project/vllm/issues/51063",
         r"logits_processor$", _lm_head_wrongly_tied),
+    Bug("decode-attention-kernel-wrong-scale", "qwen2",
+        "Decode-only attention kernel path wrong (emulated: softmax scale ×1.5 on decode steps)",
+        "https://github.com/sgl-project/sglang/issues/13044 (pattern: attention kernel wrong on one path)",
+        r"^model\.layers\.0\.self_attn\.attn$", _decode_kernel_wrong_scale),
     Bug("engine-crash-mid-run", "llama", "test fault: the engine raises at its third step", "(none)",
         r"$^", _crash_mid_run, benchmark=False),
 ]}

@@ -29,7 +29,8 @@ def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any]
     suspects = [{
         "rank": s.rank,
         "target": {"module": s.module, "class": s.cls, "file": s.file, "line": s.line,
-                   "forward_file": s.forward_file, "forward_line": s.forward_line},
+                   "forward_file": s.forward_file, "forward_line": s.forward_line,
+                   "call_file": s.call_file, "call_line": s.call_line},
         "reference": {"modules": s.reference_modules},
         # NaN marks an enclosing module that was not itself compared (see analysis._rank)
         "error_ratio": None if math.isnan(s.error_ratio) else _ratio(s.error_ratio),
@@ -99,7 +100,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                   "|---|---|---|---|---|---|---|"]
         for s in report["suspects"]:
             t = s["target"]
-            lines.append(f"| {s['rank']} | `{t['module']}` | {t['class']} | {t['file']}:{t['line']} | "
+            call = f" (called at {short_path(t['call_file'])}:{t['call_line']})" if t.get("call_file") else ""
+            lines.append(f"| {s['rank']} | `{t['module']}` | {t['class']} | {short_path(t['file'])}:{t['line']}{call} | "
                          f"{s['error_ratio']} | {s['onset_token']} | {s['evidence']} |")
         lines.append("")
     for d in report["inputs_differ"]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ekka_core.capture.trace import TensorRef, Trace
+if TYPE_CHECKING:   # the tree is read by light processes (the language server): no torch at import time
+    from ekka_core.capture.trace import Trace
 
 
 @dataclass
@@ -52,11 +54,18 @@ class ModelTree:
             if "#" in pattern:
                 shown = pattern.replace("#", f"[{min(idx)}-{max(idx)}]" if len(idx) > 1 else str(idx[0]))
             depth = shown.count(".")
-            lines.append(f"{'  ' * depth}{shown or '<root>'}  {cls}")
+            node = next(n for n in self.modules.values() if n.cls == cls)
+            where = ""
+            if node.class_file:
+                tail = node.class_file.split("site-packages/")[-1]
+                where = f"  ({tail}:{node.class_line})"
+            lines.append(f"{'  ' * depth}{shown or '<root>'}  {cls}{where}")
         return "\n".join(lines)
 
 
-def build_tree(trace: Trace) -> ModelTree:
+def build_tree(trace: "Trace") -> ModelTree:
+    from ekka_core.capture.trace import TensorRef
+
     tree = ModelTree(framework=trace.run.framework, declared=dict(trace.run.declared))
     shared_names: set[str] = set()
     for call in trace.calls:
@@ -76,3 +85,21 @@ def build_tree(trace: Trace) -> ModelTree:
         if name in tree.modules:
             tree.modules[name].shared = True
     return tree
+
+
+def call_site(tree: ModelTree, module: str) -> tuple[str, int] | None:
+    """The line in the parent's ``forward`` that calls ``module`` (``self.<attr>(…)``), found by parsing the
+    parent class's source statically (libcst, no import): where an engine developer puts the breakpoint."""
+    from ekka_core.tree.static import StaticIndex
+
+    if "." not in module:
+        return None
+    parent_name, attr = module.rsplit(".", 1)
+    parent = tree.modules.get(parent_name)
+    if parent is None or not parent.class_file or not Path(parent.class_file).is_file():
+        return None
+    index = StaticIndex()
+    index.on_error = "skip"
+    index.add_file(parent.class_file, parent.qualname.rpartition(".")[0] or None)
+    line = index.find_forward_call_line(parent.cls, attr)
+    return (parent.class_file, line) if line else None

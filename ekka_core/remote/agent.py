@@ -1,0 +1,202 @@
+"""``python -m ekka_core.remote.agent`` — the remote half of a remote diagnosis (runs on the GPU host).
+
+Started over SSH by :mod:`ekka_core.remote.client` with the deployed engine zip on ``PYTHONPATH`` and the host's own
+torch / vLLM / SGLang. Reads one JSON job line on stdin::
+
+    {"protocol": 1, "spec": {...DiagnosisSpec...}, "out_dir": "/abs/remote/dir", "fresh": false, "env": {...}}
+
+runs :func:`ekka_core.pipeline.diagnose` there (capture *and* analysis: tensors never leave the host) and writes
+one JSON event per line on stdout:
+
+* ``{"event": "hello", "pid", "pgid", "python", "ekka_file", ...}`` — first, before any heavy import; ``pgid`` is
+  the process group the client kills on cancel (the agent makes itself a session leader: ``setsid``);
+* ``{"event": "progress", "stage", "message"}`` — the pipeline's progress (stages of ``pipeline.STAGES``);
+* ``{"event": "done", "results", "results_bytes", "verdict", "trace_bytes", ...}`` — ``results`` is a small zip of
+  report.json/md/html, mapping.json and summary.json for the client to fetch (never traces);
+* ``{"event": "error", "message", "fix", "exit_code"}`` — an :class:`~ekka_core.errors.EkkaError` or a crash.
+
+A lost connection does not stop the run: the agent notices its stdout is gone, keeps writing events to
+``OUT/.ekka-remote/events.jsonl`` only, and finishes the diagnosis, so its traces are complete for the next run.
+Runs on one output directory are serialised by a lock file; a second run waits for the first, then reuses its traces.
+Imports nothing outside the standard library until the job is read (the hello must be fast).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+import zipfile
+from pathlib import Path
+from typing import Any
+
+PROTOCOL = 1
+STATE_DIR = ".ekka-remote"
+RESULTS = "results.zip"
+RESULT_FILES = ("report.json", "report.md", "report.html", "mapping.json")
+LOG_TAIL = 4000
+
+
+class _Events:
+    """JSON lines to stdout while someone reads them, and always to the run's events.jsonl once it is known."""
+
+    def __init__(self) -> None:
+        self.detached = False
+        self.log: Any = None
+
+    def emit(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, "t": round(time.time(), 3), **fields})
+        if self.log is not None:
+            self.log.write(line + "\n")
+            self.log.flush()
+        if self.detached:
+            return
+        try:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except OSError:              # BrokenPipeError: the SSH connection is gone; finish the run regardless
+            self._detach()
+
+    def _detach(self) -> None:
+        self.detached = True
+        target = self.log.fileno() if self.log is not None else os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):            # later writes (warnings, logging, the interpreter's exit flush) must not fail
+            try:
+                os.dup2(target, fd)
+            except OSError:
+                pass
+        try:
+            sys.stdout = open(os.devnull, "w")   # drop what the broken buffer still holds
+        except OSError:
+            pass
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def _tail(path: Path, n: int = LOG_TAIL) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _lock(state: Path, events: _Events) -> Any:
+    import fcntl
+
+    handle = open(state / "lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            other = json.loads((state / "pid").read_text()).get("pid")
+        except (OSError, ValueError):
+            other = "?"
+        events.emit("progress", stage="capture",
+                    message=f"waiting for an earlier run on this output directory to finish (pid {other}); "
+                            "its traces will be reused")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    (state / "pid").write_text(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "started": time.time()}))
+    return handle
+
+
+def run(job: dict[str, Any], events: _Events) -> int:
+    out_dir = Path(job["out_dir"])
+    state = out_dir / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    events.log = open(state / "events.jsonl", "a")
+    from ekka_core.spec import DiagnosisSpec
+
+    spec = DiagnosisSpec(**job["spec"]).validate()   # bad input fails here, before torch is imported
+    lock = _lock(state, events)
+    env = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
+    os.environ.update(env)           # the agent's own stages see them too; capture passes them to its workers
+
+    from ekka_core.pipeline import diagnose
+
+    stage_start: dict[str, float] = {}
+    t0 = time.time()
+
+    def progress(stage: str, message: str) -> None:
+        stage_start.setdefault(stage, time.time())
+        events.emit("progress", stage=stage, message=message)
+
+    result = diagnose(spec, out_dir, fresh=bool(job.get("fresh")), progress=progress, env=env or None)
+    report = result.report
+    traces = out_dir / "traces"
+    trace_bytes = {name: _dir_bytes(traces / name) for name in ("target", "reference", "reference-fp32")}
+    stages = sorted(stage_start.items(), key=lambda kv: kv[1])
+    seconds = {s: round((stages[i + 1][1] if i + 1 < len(stages) else time.time()) - t, 2)
+               for i, (s, t) in enumerate(stages)}
+    summary = {
+        "schema": "ekka.remote-summary/1",
+        "host": os.uname().nodename,
+        "python": sys.executable,
+        "python_version": sys.version.split()[0],
+        "ekka_file": _ekka_file(),
+        "out_dir": str(out_dir),
+        "traces_dir": str(traces),
+        "trace_bytes": trace_bytes,
+        "trace_bytes_total": sum(trace_bytes.values()),
+        "reused_traces": bool(report.get("meta", {}).get("reused_traces")),
+        "verdict": report.get("verdict"),
+        "seconds": round(time.time() - t0, 2),
+        "stage_seconds": seconds,
+        "logs": {p.name: _tail(p) for p in sorted(traces.glob("*.log"))},
+    }
+    bundle = state / RESULTS
+    tmp = state / (RESULTS + ".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in RESULT_FILES:
+            if (out_dir / name).is_file():
+                zf.write(out_dir / name, name)
+        zf.writestr("summary.json", json.dumps(summary, indent=1))
+    os.replace(tmp, bundle)
+    events.emit("done", results=str(bundle), results_bytes=bundle.stat().st_size, verdict=report.get("verdict"),
+                trace_bytes=summary["trace_bytes_total"], reused_traces=summary["reused_traces"],
+                out_dir=str(out_dir), detached=events.detached)
+    lock.close()
+    return 0
+
+
+def _ekka_file() -> str:
+    import ekka_core
+    return str(ekka_core.__file__)
+
+
+def main() -> int:
+    try:
+        os.setsid()                  # its own session and process group: cancel kills exactly this run's tree
+    except OSError:
+        pass                         # already a session leader (sshd made it one): pgid == pid either way
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    events = _Events()
+    events.emit("hello", protocol=PROTOCOL, pid=os.getpid(), pgid=os.getpgid(0), python=sys.executable,
+                python_version=sys.version.split()[0], ekka_file=_ekka_file(), host=os.uname().nodename)
+    try:
+        job = json.loads(sys.stdin.readline() or "{}")
+        if job.get("protocol") != PROTOCOL:
+            events.emit("error", exit_code=3, fix="deploy the same Ekka version on both sides",
+                        message=f"remote agent speaks protocol {PROTOCOL}, the client sent {job.get('protocol')}")
+            return 3
+        return run(job, events)
+    except Exception as e:  # noqa: BLE001 - every failure becomes one error event
+        from ekka_core.errors import EkkaError
+
+        if isinstance(e, EkkaError):
+            events.emit("error", message=e.message, fix=e.fix, exit_code=e.exit_code)
+            return e.exit_code
+        events.emit("error", message=f"{type(e).__name__}: {e}", fix=None, exit_code=3,
+                    traceback=traceback.format_exc()[-LOG_TAIL:])
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

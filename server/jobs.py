@@ -1,0 +1,201 @@
+"""Diagnosis jobs: the record the editor sees, and the worker process that does the work.
+
+A job runs as an asyncio task in the language server's event loop (never on pygls's thread pool, which also
+reads stdin). Its heavy work happens in ``<interpreter> -m server.worker``, started in a new session so that
+cancelling kills the worker and every process it started (the engine's capture subprocesses) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from server.protocol import decode, encode
+
+# The directory holding the `server` package: put on the worker's PYTHONPATH so `-m server.worker` resolves
+# whatever the worker interpreter's working directory and installed packages are.
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+LINE_LIMIT = 512 << 20   # one response line carries the whole report (plots included)
+
+
+@dataclass
+class Job:
+    id: str
+    workspace: str
+    uri: str | None
+    out_dir: str | None = None
+    state: str = "queued"
+    stage: str | None = None
+    percent: int = 0
+    message: str = ""
+    pid: int | None = None
+    exit_code: int | None = None
+    error: dict[str, Any] | None = None
+    verdict: str | None = None
+    token: str | None = None
+    cancel_requested: bool = False
+    proc: asyncio.subprocess.Process | None = None
+    task: asyncio.Task | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex[:8]
+
+    def record(self) -> dict[str, Any]:
+        return {"jobId": self.id, "state": self.state, "stage": self.stage, "percent": self.percent,
+                "message": self.message, "uri": self.uri, "out_dir": self.out_dir, "pid": self.pid,
+                "exit_code": self.exit_code, "error": self.error, "verdict": self.verdict}
+
+
+class WorkerFailed(Exception):
+    """The worker answered with an error, or died. ``exit_code`` follows the CLI: 2 bad input, 3 internal."""
+
+    def __init__(self, message: str, fix: str | None, exit_code: int):
+        super().__init__(message)
+        self.message, self.fix, self.exit_code = message, fix, exit_code
+
+
+def kill_session(pid: int) -> None:
+    """SIGKILL the worker's process group, then anything else left in its session (a child that moved to a
+    process group of its own). The worker was started with start_new_session, so pid = pgid = sid."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for other in session_members(pid):
+        try:
+            os.kill(other, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def session_members(sid: int, *, include_zombies: bool = False) -> list[int]:
+    """Processes whose session id is ``sid`` (Linux /proc; empty elsewhere)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()   # state ppid pgrp session ...
+        if len(fields) > 3 and fields[3] == str(sid) and (include_zombies or fields[0] not in ("Z", "X")):
+            found.append(int(entry))
+    return found
+
+
+class WorkerProcess:
+    """One worker process for one job: spawn, one ``diagnose`` request, progress callbacks, result."""
+
+    def __init__(self, interpreter: str, cwd: str | None, on_log: Callable[[str], None] = lambda line: None):
+        self.interpreter = interpreter
+        self.cwd = cwd
+        self.on_log = on_log
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._pump: asyncio.Task | None = None
+
+    async def start(self) -> asyncio.subprocess.Process:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONUNBUFFERED"] = "1"
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.interpreter, "-m", "server.worker", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=self.cwd, env=env,
+                start_new_session=True, limit=LINE_LIMIT)
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+            raise WorkerFailed(f"cannot start the Ekka worker with interpreter {self.interpreter!r} ({e})",
+                               "set `ekka.interpreter` to a Python that has Ekka, torch and the engine installed",
+                               2) from None
+        self._pump = asyncio.create_task(self._read_stderr())
+        return self.proc
+
+    async def _read_stderr(self) -> None:
+        assert self.proc and self.proc.stderr
+        while line := await self.proc.stderr.readline():
+            text = line.decode(errors="replace").rstrip()
+            self.stderr_tail.append(text)
+            self.on_log(text)
+
+    async def diagnose(self, params: dict[str, Any],
+                       on_progress: Callable[[dict[str, Any]], Awaitable[None] | None]) -> dict[str, Any]:
+        """Send the request and read until its response. Raises WorkerFailed; EOF (the worker died or was
+        killed) is WorkerFailed with exit code 3."""
+        assert self.proc and self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(encode({"id": 1, "method": "diagnose", "params": params}))
+        await self.proc.stdin.drain()
+        while True:
+            line = await self.proc.stdout.readline()
+            if not line:
+                code = await self.wait()
+                if self._pump:
+                    await asyncio.wait([self._pump], timeout=2)
+                tail = "\n".join(list(self.stderr_tail)[-8:])
+                raise WorkerFailed(f"the Ekka worker stopped unexpectedly (exit code {code})"
+                                   + (f":\n{tail}" if tail else ""), "see the Ekka output for the worker's log", 3)
+            try:
+                msg = decode(line)
+            except ValueError:
+                self.on_log(f"(unparsable worker output) {line[:200]!r}")
+                continue
+            if msg.get("method") == "progress":
+                maybe = on_progress(msg.get("params") or {})
+                if asyncio.iscoroutine(maybe):
+                    await maybe
+            elif msg.get("id") == 1:
+                if "error" in msg:
+                    err = msg["error"] or {}
+                    data = err.get("data") or {}
+                    raise WorkerFailed(data.get("message") or err.get("message") or "worker error",
+                                       data.get("fix"), int(data.get("exit_code") or 3))
+                return msg.get("result") or {}
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """End the worker: EOF on its stdin, then the whole session if it does not exit in time."""
+        if self.proc is None:
+            return
+        if self.proc.returncode is None and self.proc.stdin and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        self.kill()
+        await self.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            kill_session(self.proc.pid)
+
+    async def wait(self) -> int | None:
+        if self.proc is None:
+            return None
+        return await self.proc.wait()
+
+
+def default_interpreter(configured: str | None, root: str | None) -> str:
+    """``ekka.interpreter`` if set (``${workspaceFolder}`` substituted), else ``<root>/.venv/bin/python`` when it
+    exists, else the interpreter running this server."""
+    value = (configured or "").strip()
+    if value:
+        return value.replace("${workspaceFolder}", root or "")
+    if root:
+        venv = Path(root) / (".venv/Scripts/python.exe" if sys.platform == "win32" else ".venv/bin/python")
+        if venv.exists():
+            return str(venv)
+    return sys.executable

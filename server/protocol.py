@@ -1,0 +1,107 @@
+"""Names and payload shapes shared by the language server, its worker process and the VS Code extension.
+
+Nothing here imports the engine's heavy parts (torch, vLLM, transformers): the language server process must
+stay light. The extension mirrors these names in ``extension/src/protocol.ts``.
+
+LSP side (namespace ``ekka``)
+-----------------------------
+Commands (``workspace/executeCommand``):
+
+``ekka.server.diagnose``  one argument, either a URI string or an object
+    ``{uri?: str, spec?: {DiagnosisSpec fields}, out_dir?: str, fresh?: bool, env?: {EKKA_*: str}}``
+    (exactly one of ``uri`` / ``spec``; ``uri`` names a ``*.ekka.toml`` spec or a ``.py`` repro script).
+    Returns ``{jobId}`` at once; the diagnosis runs in the background. Refused with a JSON-RPC error
+    (code -32803 RequestFailed, ``data: {jobId}``) while another diagnosis of the same workspace runs.
+    ``env`` is for tests and benchmarks only: ``EKKA_*`` variables handed to the engine (e.g.
+    ``EKKA_INJECT_BUG``, which re-injects a known bug); other keys are refused.
+``ekka.server.cancel``    ``{jobId}`` (or a job id string, or nothing: the running job). Returns the job record.
+``ekka.server.clear``     no argument. Clears the published diagnostics, code lenses and hovers. ``{cleared: n}``.
+``ekka.server.status``    no argument. ``{pid, python, jobs: [job record], heavy_modules: [...]}`` (debugging).
+
+Notifications (server → client):
+
+``ekka/jobState``       a job record (below), sent on every state, stage or progress change.
+``ekka/reportUpdated``  ``{jobId, report, paths: {json, md, html}, out_dir, uri}`` after each finished diagnosis.
+
+Job record: ``{jobId, state, stage, percent, message, uri, out_dir, pid, exit_code, error, verdict}`` with
+``state`` one of ``queued | running | done | failed | cancelled``, ``stage`` one of the pipeline's STAGES (or
+null), ``error`` null or ``{message, fix, exit_code}`` (exit_code 2 bad input, 3 internal failure).
+
+Worker side (``python -m server.worker``: newline-delimited JSON-RPC 2.0 over stdin/stdout)
+-----------------------------------------------------------------------------------------
+request ``diagnose {spec: {DiagnosisSpec fields}, out_dir, fresh, env?}``
+  → notifications ``progress {id, stage, message, percent}``
+  → response ``result {report, paths: {json, md, html}, modules: {module: {class, file, line, forward_file,
+    forward_line}}}`` or ``error {code, message, data: {message, fix, exit_code}}``.
+request ``ping`` → ``{pid, python, heavy_modules}``.  EOF on stdin ends the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+# ----------------------------------------------------------------------------------------------- LSP names
+
+CMD_DIAGNOSE = "ekka.server.diagnose"
+CMD_CANCEL = "ekka.server.cancel"
+CMD_CLEAR = "ekka.server.clear"
+CMD_STATUS = "ekka.server.status"
+# Client-side command the code lenses invoke (registered by the extension, not by the server).
+CLIENT_SHOW_DIVERGENCE = "ekka.showDivergence"
+
+NOTIFY_REPORT_UPDATED = "ekka/reportUpdated"
+NOTIFY_JOB_STATE = "ekka/jobState"
+
+DIAGNOSTIC_SOURCE = "ekka"
+CODE_SUSPECT = "ekka-suspect"
+CODE_SUSPECT_FORWARD = "ekka-suspect-forward"
+
+STATES = ("queued", "running", "done", "failed", "cancelled")
+FINAL_STATES = ("done", "failed", "cancelled")
+
+# LSP error code RequestFailed (3.17): a well-formed request the server could not carry out.
+REQUEST_FAILED = -32803
+
+HEAVY_PACKAGES = ("torch", "vllm", "transformers", "sglang")
+
+# The pipeline's stages (ekka_core.pipeline.STAGES, repeated here so the server never imports the pipeline) and
+# where each starts on the 0–100 progress scale: capturing (three real model runs) dominates the time.
+STAGES = ("capture", "tree", "mapping", "align", "analysis", "report")
+STAGE_START = {"capture": 0, "tree": 70, "mapping": 75, "align": 80, "analysis": 85, "report": 95}
+
+
+def stage_percent(stage: str, nth_message: int) -> int:
+    """Progress for the ``nth_message`` (0-based) message of ``stage``: each further message of a stage moves
+    half-way to the next stage's start, so the percentage only grows."""
+    start = STAGE_START.get(stage, 0)
+    later = [v for v in STAGE_START.values() if v > start]
+    end = min(later) if later else 100
+    return int(start + (end - start) * (1 - 0.5 ** nth_message))
+
+
+def heavy_modules() -> list[str]:
+    """The heavy packages loaded in this process (the language server must show none)."""
+    return sorted(m for m in list(sys.modules) if m.split(".", 1)[0] in HEAVY_PACKAGES)
+
+
+# ------------------------------------------------------------------------------------ worker wire format
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One JSON-RPC message as one line (JSON never contains a raw newline)."""
+    return (json.dumps({"jsonrpc": "2.0", **message}, allow_nan=False, default=str) + "\n").encode()
+
+
+def decode(line: bytes | str) -> dict[str, Any]:
+    msg = json.loads(line)
+    if not isinstance(msg, dict):
+        raise ValueError(f"not a JSON-RPC message: {line[:200]!r}")
+    return msg
+
+
+def worker_error(message: str, fix: str | None, exit_code: int) -> dict[str, Any]:
+    """The ``error`` member of a failed worker response."""
+    return {"code": -32000 - exit_code, "message": message,
+            "data": {"message": message, "fix": fix, "exit_code": exit_code}}

