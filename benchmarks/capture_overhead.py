@@ -123,6 +123,9 @@ def child(cfg: dict) -> None:
                          max_new_tokens=cfg["max_new_tokens"])
     args = engine_args(spec)
     llm = LLM(**args)
+    if cfg.get("threads"):
+        import torch
+        torch.set_num_threads(cfg["threads"])   # the in-process engine runs its forward on this thread pool
     prompt = [{"prompt_token_ids": cfg["prompt_ids"]}]
     params = SamplingParams(temperature=0.0, max_tokens=cfg["max_new_tokens"], ignore_eos=True)
     info = asdict(RunInfo(framework="vllm", framework_version=vllm.__version__, role="target", model=spec.model,
@@ -205,6 +208,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="traced/untraced alternations per process")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--threads", type=int, help="torch intra-op threads in the child (default: vLLM's choice)")
     ap.add_argument("--profile", action="store_true", help="also isolate hook / clone / write costs")
     ap.add_argument("--keep", type=Path, help="keep the traces under this directory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -227,7 +231,7 @@ def main() -> None:
 
     def cfg(variant: str, k: int) -> dict:
         return {"variant": variant, "model": model, "prompt_ids": ids, "max_new_tokens": a.max_new_tokens,
-                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps}
+                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps, "threads": a.threads}
 
     def ratios(r: dict) -> list[dict]:
         """One entry per traced generate, against the mean of the untraced runs just before and after it."""

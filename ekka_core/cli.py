@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
 
     z = sub.add_parser("zoo", help="build a tiny model from the zoo and print its path")
     z.add_argument("arch")
+
+    r = sub.add_parser("import-repro", help="turn a vLLM or SGLang repro script into a .ekka.toml spec (never runs it)")
+    r.add_argument("script", type=Path, help="the reproduction script (.py)")
+    r.add_argument("--out", type=Path, default=None, help="write the spec to this file (default: print it)")
     return p
 
 
@@ -61,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             return _diagnose(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "import-repro":
+            return _import_repro(args)
         if args.command == "bench":
             return _bench(args)
         if args.command == "zoo":
@@ -82,6 +88,34 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 3
     return 3
+
+
+def _import_repro(args: argparse.Namespace) -> int:
+    """Exit 0: the spec is complete · 2: values the script only has at run time are left to fill in (listed)."""
+    from ekka_core.repro import import_repro
+
+    result = import_repro(args.script)
+    text = result.to_toml()
+    if args.out:
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text)
+        except OSError as e:
+            raise BadInput(f"cannot write {args.out} ({e.strerror or e})", fix="pass a writable --out path") from None
+    else:
+        sys.stdout.write(text)
+    for note in result.notes:
+        print(f"ekka: note: {note}", file=sys.stderr)
+    for u in result.unknown:
+        print(f"{args.script}:{u.line}: {u.field}: {u.reason}: `{u.snippet}` — {u.hint}", file=sys.stderr)
+    if result.unknown:
+        print(f"ekka: {len(result.unknown)} value(s) exist only when the script runs; fill them in "
+              f"{'in ' + str(args.out) if args.out else 'in the spec'} (marked TODO), then run "
+              "ekka diagnose --spec", file=sys.stderr)
+        return 2
+    if args.out:
+        print(f"ekka: wrote {args.out}; next: ekka diagnose --spec {args.out} --out OUTDIR", file=sys.stderr)
+    return 0
 
 
 def _spec_from_args(args: argparse.Namespace):

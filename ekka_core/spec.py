@@ -119,7 +119,8 @@ class DiagnosisSpec:
                            fix=f"use only: {', '.join(sorted(known))}")
         if "prompt" in data:
             data.setdefault("prompts", []).append(data.pop("prompt"))
-        if "model" in data and not Path(data["model"]).is_absolute() and (path.parent / data["model"]).exists():
+        if isinstance(data.get("model"), str) and data["model"] and not Path(data["model"]).is_absolute() \
+                and (path.parent / data["model"]).exists():
             data["model"] = str((path.parent / data["model"]).resolve())
         try:
             return DiagnosisSpec(**data)

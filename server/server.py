@@ -8,6 +8,7 @@ transformers. A diagnosis runs as an asyncio task that drives a worker process (
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import sys
@@ -41,6 +42,13 @@ class EkkaServer(LanguageServer):
         self.diags: dict[str, list[types.Diagnostic]] = {}   # path_key → diagnostics currently published
         self.uris: dict[str, set[str]] = {}           # path_key → URIs published under (report's + client's)
         self._lines: dict[str, list[str] | None] = {}
+        atexit.register(self.kill_workers)
+
+    def kill_workers(self) -> None:
+        """Last resort (server exiting): no worker outlives the server."""
+        for job in self.jobs.values():
+            if job.proc is not None and job.proc.returncode is None:
+                kill_session(job.proc.pid)
 
     # ------------------------------------------------------------------------------------------ settings
 
@@ -159,7 +167,9 @@ class EkkaServer(LanguageServer):
         try:
             self.notify_state(job)
             await self._begin_progress(job, path)
-            spec = await asyncio.to_thread(resolve_spec, req, path, job.workspace)
+            spec, notes = await asyncio.to_thread(resolve_spec, req, path, job.workspace)
+            for note in notes:
+                self.log_message(f"Ekka: {note}", types.MessageType.Warning)
             job.out_dir = resolve_out_dir(req, path, job.workspace)
             if job.cancel_requested:
                 raise asyncio.CancelledError
@@ -324,22 +334,26 @@ def parse_diagnose_args(args: tuple[Any, ...]) -> dict[str, Any]:
     return arg
 
 
-def resolve_spec(req: dict[str, Any], path: str | None, workspace: str) -> dict[str, Any]:
-    """The DiagnosisSpec fields of the request (spec file, repro script or inline); BadInput when unreadable."""
+def resolve_spec(req: dict[str, Any], path: str | None, workspace: str) -> tuple[dict[str, Any], list[str]]:
+    """The DiagnosisSpec fields of the request (spec file, repro script read with libcst, or inline fields) and
+    notes for the log. BadInput when the input cannot give a spec; the worker validates the spec itself."""
     from ekka_core.spec import DiagnosisSpec
 
     if path is None:
         fields = dict(req["spec"])
         model = fields.get("model")
-        if isinstance(model, str) and model and not os.path.isabs(model) and os.path.exists(os.path.join(workspace, model)):
+        if isinstance(model, str) and model and not os.path.isabs(model) \
+                and os.path.exists(os.path.join(workspace, model)):
             fields["model"] = os.path.abspath(os.path.join(workspace, model))
-        return fields
+        return fields, []
     if path.endswith(".py"):
         from ekka_core.repro import import_repro
         imported = import_repro(path)
-        spec = imported.spec()
-        return spec.to_json()
-    return DiagnosisSpec.from_toml(path).to_json()
+        spec = imported.spec()        # BadInput when the script does not determine model and prompts
+        notes = [f"{Path(path).name}: {n}" for n in imported.notes]
+        notes += [f"{Path(path).name}: not imported, the default is used — {u}" for u in imported.unknown]
+        return spec.to_json(), notes
+    return DiagnosisSpec.from_toml(path).to_json(), []
 
 
 def resolve_out_dir(req: dict[str, Any], path: str | None, workspace: str) -> str:

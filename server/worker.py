@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -128,9 +131,20 @@ def _modules(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _watch_parent(parent: int) -> None:
+    """If the language server dies without cancelling (crash, SIGKILL), end this worker's whole process group:
+    an orphaned capture must not keep the machine busy. The worker is its session's leader (pgid = pid)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def main() -> int:
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())   # stray prints (engine, libraries) go to the log
+    if os.getpgrp() == os.getpid():                      # started in its own session, as the server does
+        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     Worker(proto).serve(sys.stdin.buffer)
     return 0
 

@@ -183,11 +183,15 @@ def test_dropped_connection_is_reported_and_a_rerun_resumes(demo, demo_spec, ssh
     assert "re-run to resume (traces are reused)" in msg and e.value.exit_code == 3
     remote_traces = Path(msg.split("the remote trace is kept in ", 1)[1].split(";", 1)[0])
     assert (remote_traces / "target").is_dir() and (remote_traces / "reference-fp32").is_dir()
+    # The remote run did not die with the connection: it finishes on its own (detached), then the re-run reuses.
+    events_log = remote_traces.parent / ".ekka-remote" / "events.jsonl"
 
     events: list[tuple[str, str]] = []
     again = run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out", env=env,
                                  progress=lambda s, m: events.append((s, m)), **remote)
     assert again.remote.reused_traces and again.report["meta"]["reused_traces"] is True
+    finished = [json.loads(line) for line in events_log.read_text().splitlines()]
+    assert [ev.get("detached") for ev in finished if ev["event"] == "done"][-2:] == [True, False]
     assert _rank1(again.report) == "model.layers.3.self_attn.attn"
     assert not again.remote.bundle_uploaded                # the engine zip was already there
     assert again.remote.bytes_transferred is not None and again.remote.bytes_transferred <= 0.01 * again.remote.trace_bytes

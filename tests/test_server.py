@@ -285,6 +285,27 @@ async def test_diagnostics_survive_open_and_close(client: LanguageClient, demo):
     assert lenses
 
 
+async def test_diagnose_repro_script(client: LanguageClient, demo):
+    """A vLLM repro script is read with libcst (never run) into the same spec: the demo's traces are reused."""
+    rec: Recorder = client.ekka  # type: ignore[attr-defined]
+    spec = demo["spec"]
+    script = demo["workspace"] / "repro_gemma3.py"
+    script.write_text(
+        "from vllm import LLM, SamplingParams\n\n"
+        f"MODEL = {spec.model!r}\nPROMPTS = {spec.prompts!r}\n\n"
+        'if __name__ == "__main__":\n'
+        '    llm = LLM(model=MODEL, dtype="bfloat16")\n'
+        f"    for out in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens={spec.max_new_tokens})):\n"
+        "        print(out.outputs[0].text)\n")
+    job_id = _plain(await _execute(client, "ekka.server.diagnose", {
+        "uri": from_fs_path(str(script)), "out_dir": str(demo["out"]), "env": ENV}))["jobId"]
+    final = await rec.final(job_id)
+    assert final["state"] == "done" and final["verdict"] == "divergent", final
+    report = next(p for _, p in rec.reports if p["jobId"] == job_id)["report"]
+    assert report["meta"]["reused_traces"] is True
+    assert report["spec"]["prompts"] == spec.prompts and report["spec"]["target"] == "vllm"
+
+
 async def test_bad_spec_fails_with_the_fix(client: LanguageClient, demo):
     rec: Recorder = client.ekka  # type: ignore[attr-defined]
     bad = demo["workspace"] / "bad.ekka.toml"
@@ -370,3 +391,22 @@ async def test_clear_removes_diagnostics_lenses_and_hovers(client: LanguageClien
     assert not await client.text_document_code_lens_async(types.CodeLensParams(text_document=ident))
     assert await client.text_document_hover_async(types.HoverParams(
         text_document=ident, position=types.Position(line=top["target"]["line"] - 1, character=0))) is None
+
+
+async def test_presentation_helpers():
+    """Pure parts: suspects on one line merge into one diagnostic (best rank's severity); sparklines are on a
+    log scale and leave missing values blank."""
+    from server.present import Result, diagnostics, fmt_ratio, sparkline
+
+    def suspect(rank: int, module: str, ratio: float | None) -> dict[str, Any]:
+        return {"rank": rank, "target": {"module": module, "class": "Attention", "file": "/x/attention.py",
+                                         "line": 10, "forward_file": "/x/custom_op.py", "forward_line": 3},
+                "reference": {"modules": []}, "error_ratio": ratio, "onset_token": None}
+
+    result = Result("j", {"threshold": 2.0, "suspects": [suspect(3, "a", 5.0), suspect(1, "b", 1234.5)]})
+    diags = diagnostics(result, lambda path, line: "    class Attention:")
+    [(key, [d])] = list(diags.items())      # the inherited forward (another file) gets no diagnostic
+    assert d.severity == types.DiagnosticSeverity.Error and d.range.start.line == 9
+    assert d.range.start.character == 4 and "#1 b" in d.message and "also #3 a" in d.message
+    assert fmt_ratio(1234.5) == "1,234" and fmt_ratio(None) == "n/a" and fmt_ratio(0.9123) == "0.912"
+    assert sparkline([1.0, None, 1000.0]) == "▁ █"

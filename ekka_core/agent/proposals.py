@@ -116,8 +116,9 @@ class Verdict:
 
 class Validator:
     def __init__(self, target: ModelTree, reference: ModelTree, open_components: dict[str, Unmapped],
-                 traces: Any = None):
+                 traces: Any = None, tolerance: float = 0.05):
         self.target, self.reference = target, reference
+        self.tolerance = tolerance
         self.open = open_components
         self.traces = traces
         self.aligned: set[str] = set()            # components with an aligner that passed its self-checks
@@ -203,7 +204,16 @@ class Validator:
                          "widths are not known from the tree")
         if probs or self.traces is None or comp in self.aligned:
             return probs
-        return self._check_alignable(pair)
+        probs = self._check_alignable(pair)
+        if not probs and pair.relation == "1:N" and hasattr(self.traces, "reference"):
+            try:
+                from ekka_core.agent.tensors import order_problem
+                problem = order_problem(self.traces.target, self.traces.reference, pair, self.tolerance)
+            except Exception:
+                problem = None
+            if problem:
+                probs.append(problem)
+        return probs
 
     def _check_alignable(self, pair: ComponentPair) -> list[str]:
         traces = self.traces
@@ -252,17 +262,16 @@ class Validator:
     # ---- one validator round
     def run(self, proposals: list[Proposal], explanations: list[Explanation],
             keep: Verdict | None = None) -> Verdict:
-        """Resolve every open component to its latest proposal or explanation (an exact path beats a pattern),
-        check it, and report what is still missing. ``keep``: components confirmed in an earlier round stay
+        """Resolve every open component to its latest proposal or explanation (a newer one replaces an older one,
+        pattern or not), check it, and report what is still missing. ``keep``: components confirmed in an earlier round stay
         confirmed unless a newer proposal replaces them."""
         v = Verdict()
-        chosen: dict[str, tuple[int, int, Any, str]] = {}     # comp -> (specificity, seq, item, i)
+        chosen: dict[str, tuple[int, Any, str]] = {}     # comp -> (seq, item, i): the latest item wins
         for item in [*proposals, *explanations]:
             target_class = item.target_class if item.origin != "agent" else None
             for comp, i in self.covers(item.target, target_class):
-                rank = (0 if LAYER in item.target else 1, item.seq)
-                if comp not in chosen or rank >= chosen[comp][:2]:
-                    chosen[comp] = (*rank, item, i)
+                if comp not in chosen or item.seq >= chosen[comp][0]:
+                    chosen[comp] = (item.seq, item, i)
         pending = []
         for comp in self.open:
             if comp not in chosen:
@@ -273,7 +282,7 @@ class Validator:
                 else:
                     pending.append(comp)
                 continue
-            _, _, item, i = chosen[comp]
+            _, item, i = chosen[comp]
             if isinstance(item, Explanation):
                 probs = self.check_explanation(item)
                 if not probs:
@@ -314,8 +323,9 @@ def generalize(confirmed: dict[str, tuple[ComponentPair, Proposal]], open_compon
         exact.setdefault(key, []).append((comp, _with_class(p, cls)))
     for key, items in exact.items():
         gens = [_generalize_one(p) for _, p in items]
-        same = all(g is not None for g in gens) and \
-            len({repr(g.to_json()) for g in gens if g is not None}) == 1
+        if key in out and all(g is not None and _sig(g) == _sig(out[key]) for g in gens):
+            continue                                  # the stored pattern already says the same
+        same = all(g is not None for g in gens) and len({_sig(g) for g in gens if g is not None}) == 1
         if same and gens[0] is not None:
             cls = items[0][1].target_class
             matching = [c for c, u in open_components.items() if match(key, c) is not None and u.cls == cls]
@@ -325,6 +335,11 @@ def generalize(confirmed: dict[str, tuple[ComponentPair, Proposal]], open_compon
         for _, p in items:
             out[p.target] = p
     return list(out.values())
+
+
+def _sig(p: Proposal) -> str:
+    """What a proposal maps (its reason aside)."""
+    return repr({k: v for k, v in p.to_json().items() if k != "reason"})
 
 
 def _with_class(p: Proposal, cls: str | None) -> Proposal:

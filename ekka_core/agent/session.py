@@ -172,7 +172,7 @@ class _Session:
                 item.seq = (n - rank) * 100_000 + item.seq
             props += e.mappings
             expls += e.unmapped
-        validator = Validator(self.target, self.reference, self.open, self.traces)
+        validator = Validator(self.target, self.reference, self.open, self.traces, self.config.match_tolerance)
         for e in entries:
             for a in e.aligners:
                 for comp, _ in validator.covers(str(a.get("target", ""))):
@@ -225,7 +225,7 @@ class _Session:
         except ImportError:
             raise AgentStop("no-sdk", REASON_NO_SDK, "the anthropic package is not installed: "
                                                      "pip install 'ekka[agent]'") from None
-        validator = Validator(self.target, self.reference, remaining, self.traces)
+        validator = Validator(self.target, self.reference, remaining, self.traces, self.config.match_tolerance)
         tb = Toolbox(self.target, self.reference, remaining, validator, c, self.traces)
         self.toolbox = tb
         caller = Caller(c, self.client)

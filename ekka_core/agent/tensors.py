@@ -293,3 +293,43 @@ def infer_match(target: Trace, reference: Trace, target_module: str, reference_m
     return {"target_module": target_module, "reference_modules": reference_modules, "verdict": verdict,
             "tolerance": tol, "candidates": found[:top], "tried": tried,
             "dtypes": {"target": target.run.dtype, "reference": reference.run.dtype}}
+
+
+def order_problem(target: Trace, reference: Trace, pair: Any, tol: float) -> str | None:
+    """For a 1:N pair: a problem when another order of the reference modules matches the target clearly better
+    than the proposed one (the validator's shape checks cannot see a swapped concatenation)."""
+    refs_ep = pair.reference
+    if len(refs_ep.modules) < 2 or len(refs_ep.modules) > MAX_PERMUTE or len(pair.target.modules) != 1:
+        return None
+    if pair.target.select not in ("first", "stream", "all") or refs_ep.select not in ("first", "stream", "all"):
+        return None
+    got = endpoint_rows(target, pair.component, "output", pair.target.select)
+    sides = [endpoint_rows(reference, m, refs_ep.port, refs_ep.select) for m in refs_ep.modules]
+    if got is None or any(s is None for s in sides):
+        return None
+    common = set(got[0]).intersection(*[set(s[0]) for s in sides if s is not None])
+    if not common:
+        return None
+    keys = sorted(common)
+    if len(keys) > MAX_ROWS:
+        keys = [keys[i] for i in np.linspace(0, len(keys) - 1, MAX_ROWS).round().astype(int)]
+    t_idx = {k: i for i, k in enumerate(got[0])}
+    t = got[1][[t_idx[k] for k in keys]] * (pair.target.scale or 1.0)
+    refs = []
+    for s in sides:
+        idx = {k: i for i, k in enumerate(s[0])}  # type: ignore[index]
+        refs.append(s[1][[idx[k] for k in keys]])  # type: ignore[index]
+    if sum(r.shape[1] for r in refs) != t.shape[1]:
+        return None
+    proposed = _rel(t, np.concatenate(refs, axis=1))
+    best, best_order = proposed, None
+    for order in itertools.permutations(range(len(refs))):
+        rel = _rel(t, np.concatenate([refs[i] for i in order], axis=1))
+        if rel < best:
+            best, best_order = rel, order
+    if best_order is not None and best <= tol and proposed > 4 * tol:
+        names = [refs_ep.modules[i] for i in best_order]
+        sizes = [refs[i].shape[1] for i in best_order]
+        return (f"the reference modules in the order {names} (split_sizes {sizes}) match the target far better "
+                f"(relative error {best:.3g}) than the proposed order ({proposed:.3g})")
+    return None

@@ -173,12 +173,11 @@ async def _stop(conn: Any, client: _Client, state: _State, work: asyncio.Future)
         except (asyncio.TimeoutError, asyncssh.Error, OSError):
             pass
     if not work.done():
-        try:
-            await asyncio.wait_for(asyncio.shield(work), 10)
-        except BaseException:  # noqa: BLE001 - the run ends however it ends; we are stopping it
-            pass
+        await asyncio.wait([work], timeout=10)     # the agent's channel closes once its group is gone
     if not work.done():
         work.cancel()
+    elif not work.cancelled():
+        work.exception()                            # it ends however it ends (killed by TERM): we stopped it
 
 
 # --- connecting -------------------------------------------------------------------------------------------------

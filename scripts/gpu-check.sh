@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# GPU check: Ekka on a CUDA machine, end to end, in one go (< 8 minutes on one GPU once the engines are installed).
+#
+#   bash scripts/gpu-check.sh
+#
+# 1. picks a Python with CUDA torch (EKKA_PYTHON, else .venv/bin/python, else python3) and installs what is missing:
+#    vLLM (CUDA build): wheels carried in wheels/ (pip --no-index), else `EKKA_VLLM=cuda bash scripts/setup.sh`;
+#    Ekka's light dependencies likewise; SGLang into its own venv (.venv-sglang, system site packages visible) so
+#    its torch pins never touch vLLM's;
+# 2. vLLM-CUDA diagnosis of a tiny zoo Gemma 3 with vLLM's sliding-window bug re-injected (expects: divergent,
+#    rank 1 model.layers.3.self_attn.attn), then the same model clean (expects: consistent);
+# 3. SGLang through Ekka (tracing SGLang is not implemented yet: expects the clear refusal, exit 2) and SGLang's own
+#    greedy generate on a tiny zoo Llama, compared token by token with HF Transformers' greedy generate.
+#
+# Prints one PASS/FAIL line per step with its time, the verdicts, and a summary table. Never stops at a failed
+# step; exit status 0 only if every step passed. Environment: EKKA_PYTHON (interpreter), EKKA_WHEELS (wheel dir,
+# default wheels/), EKKA_GPU_CHECK_OUT (output dir, default ekka-out/gpu-check), EKKA_GPU_CHECK_BUDGET (seconds for
+# everything after the installs, default 420), EKKA_GPU_CHECK_INSTALL_BUDGET (seconds for installs, default 300).
+set -u
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root" || exit 3
+
+out="${EKKA_GPU_CHECK_OUT:-$root/ekka-out/gpu-check}"
+wheels="${EKKA_WHEELS:-$root/wheels}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 EKKA_ZOO_DIR="${EKKA_ZOO_DIR:-$out/zoo}" TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1    # zoo models are local; nothing is downloaded at run time
+
+names=(); statuses=(); times=(); notes=()
+say() { printf '[gpu-check] %s\n' "$*"; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+record() {  # NAME STATUS SECONDS NOTE
+  names+=("$1"); statuses+=("$2"); times+=("$3"); notes+=("$4")
+  printf '%s %-34s %7ss  %s\n' "$2" "$1" "$3" "$4"
+}
+
+# run_step NAME LIMIT_S DEADLINE_VAR CMD...: run with a timeout (the step's limit or what the budget has left),
+# log to $out/NAME.log; sets $step_rc and $step_s. Never exits.
+run_step() {
+  local name="$1" limit="$2" deadline="$3"; shift 3
+  local left=$(( deadline - SECONDS ))
+  [ "$left" -lt "$limit" ] && limit="$left"
+  if [ "$limit" -lt 15 ]; then
+    step_rc=124; step_s=0.0
+    echo "no time left in the budget" > "$out/$name.log"
+    return
+  fi
+  local t0; t0="$(now)"
+  timeout --kill-after=15 "$limit" "$@" > "$out/$name.log" 2>&1
+  step_rc=$?
+  step_s="$(elapsed "$t0")"
+  if [ "$step_rc" -eq 124 ] || [ "$step_rc" -eq 137 ]; then
+    echo "[gpu-check] timed out after ${limit}s" >> "$out/$name.log"
+  fi
+}
+log_tail() { tail -n "${2:-3}" "$out/$1.log" 2>/dev/null | tr '\n' ' ' | cut -c1-300; }
+
+# --- 0. the machine --------------------------------------------------------------------------------------------
+t0="$(now)"
+if command -v nvidia-smi >/dev/null 2>&1 && gpu="$(nvidia-smi -L 2>&1 | head -1)" && [ -n "$gpu" ]; then
+  record gpu PASS "$(elapsed "$t0")" "$gpu"
+else
+  record gpu FAIL "$(elapsed "$t0")" "nvidia-smi sees no GPU: the CUDA checks below will fail"
+fi
+
+cuda_ok() { "$1" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
+has() { "$1" -c "import $2" >/dev/null 2>&1; }
+
+py=""
+for cand in "${EKKA_PYTHON:-}" "$root/.venv/bin/python" "$(command -v python3 || true)"; do
+  [ -n "$cand" ] && [ -x "$cand" ] || continue
+  if cuda_ok "$cand" && has "$cand" vllm; then py="$cand"; break; fi
+  [ -z "$py" ] && cuda_ok "$cand" && py="$cand"
+done
+[ -n "$py" ] || py="$(command -v python3 || echo python3)"
+say "python: $py ($("$py" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
+
+# --- 1. installs -------------------------------------------------------------------------------------------------
+install_deadline=$(( SECONDS + ${EKKA_GPU_CHECK_INSTALL_BUDGET:-300} ))
+pip_from_wheels() {  # PY PKG...: from the carried wheels only
+  local p="$1"; shift
+  [ -d "$wheels" ] && ls "$wheels"/*.whl >/dev/null 2>&1 || return 1
+  "$p" -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" "$@"
+}
+
+if has "$py" vllm && cuda_ok "$py"; then
+  record install-vllm PASS 0.0 "vLLM $("$py" -c 'import vllm; print(vllm.__version__)' 2>/dev/null) already there"
+else
+  t0="$(now)"
+  if pip_from_wheels "$py" vllm > "$out/install-vllm.log" 2>&1 && has "$py" vllm; then
+    record install-vllm PASS "$(elapsed "$t0")" "from $wheels"
+  else
+    run_step install-vllm-setup 280 "$install_deadline" env EKKA_VLLM=cuda bash scripts/setup.sh
+    # setup.sh builds the Python half first; its node half may fail on a machine without npm: judge by imports.
+    if [ -x "$root/.venv/bin/python" ] && has "$root/.venv/bin/python" vllm && cuda_ok "$root/.venv/bin/python"; then
+      py="$root/.venv/bin/python"
+      record install-vllm PASS "$step_s" "scripts/setup.sh (EKKA_VLLM=cuda) → $py"
+    else
+      record install-vllm FAIL "$step_s" "no wheels/vllm-*.whl and setup.sh did not give a CUDA vLLM (exit $step_rc): $(log_tail install-vllm-setup)"
+    fi
+  fi
+fi
+
+# Ekka itself: its light dependencies, and the vllm.general_plugins entry point (bug injection and tracing live in
+# Ekka's vLLM plugin). Installed (editable) → as is; otherwise the engine zip of ekka_core.remote.bundle on
+# PYTHONPATH, which carries the entry point in its dist-info — no pip needed.
+light="safetensors ruptures libcst rich numpy tokenizers"
+missing=""
+for m in $light; do has "$py" "$m" || missing="$missing $m"; done
+t0="$(now)"
+if [ -n "$missing" ]; then
+  # shellcheck disable=SC2086
+  { pip_from_wheels "$py" $missing || "$py" -m pip install -q --disable-pip-version-check $missing; } \
+    > "$out/install-ekka-deps.log" 2>&1
+fi
+missing=""
+for m in $light; do has "$py" "$m" || missing="$missing $m"; done
+if ! "$py" -c 'from importlib.metadata import entry_points as e; import sys
+sys.exit(0 if any(x.name == "ekka" for x in e(group="vllm.general_plugins")) else 1)' >/dev/null 2>&1; then
+  PYTHONPATH="$root" "$py" -c 'from ekka_core.remote.bundle import build_bundle; import sys
+open(sys.argv[1], "wb").write(build_bundle().data)' "$out/ekka-engine.zip" >> "$out/install-ekka-deps.log" 2>&1
+  export PYTHONPATH="$out/ekka-engine.zip${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if [ -z "$missing" ] && "$py" -c 'import ekka_core.pipeline' >> "$out/install-ekka-deps.log" 2>&1; then
+  record install-ekka PASS "$(elapsed "$t0")" "ekka_core from $("$py" -c 'import ekka_core; print(ekka_core.__file__)' 2>/dev/null)"
+else
+  record install-ekka FAIL "$(elapsed "$t0")" "missing:${missing:- none}; $(log_tail install-ekka-deps)"
+fi
+
+# SGLang in its own venv that sees the chosen Python's packages (torch, transformers) without changing them.
+sg_venv="$root/.venv-sglang"
+sg_py="$py"
+if has "$py" sglang; then
+  record install-sglang PASS 0.0 "SGLang $("$py" -c 'import sglang; print(sglang.__version__)' 2>/dev/null) already there"
+else
+  t0="$(now)"
+  [ -x "$sg_venv/bin/python" ] || "$py" -m venv --system-site-packages "$sg_venv" > "$out/install-sglang.log" 2>&1
+  sg_py="$sg_venv/bin/python"
+  if ! has "$sg_py" sglang; then
+    pip_from_wheels "$sg_py" sglang >> "$out/install-sglang.log" 2>&1 \
+      || run_step install-sglang-pip 240 "$install_deadline" "$sg_py" -m pip install -q --disable-pip-version-check sglang
+  fi
+  if has "$sg_py" sglang; then
+    record install-sglang PASS "$(elapsed "$t0")" "SGLang $("$sg_py" -c 'import sglang; print(sglang.__version__)' 2>/dev/null) in $sg_venv"
+  else
+    record install-sglang FAIL "$(elapsed "$t0")" "not from $wheels, not from pip: $(log_tail install-sglang-pip 2)"
+  fi
+fi
+
+# --- 2. vLLM (CUDA) diagnoses -----------------------------------------------------------------------------------
+deadline=$(( SECONDS + ${EKKA_GPU_CHECK_BUDGET:-420} ))
+bug=gemma3-sliding-window-every-layer
+# Spec files for the bug's zoo model (and a tiny Llama for SGLang); vLLM takes a quarter of the GPU's memory.
+run_step zoo 90 "$deadline" "$py" - "$out" "$bug" <<'EOF'
+import sys
+from pathlib import Path
+from ekka_core import bugs
+from ekka_core.zoo import build_model
+out, name = Path(sys.argv[1]), sys.argv[2]
+bug = bugs.get(name)
+model = build_model(bug.arch, overrides=bug.zoo_overrides or None)
+prompts = bug.prompts or bugs.DEFAULT_PROMPTS
+toml = lambda s: '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+for target, path in (("vllm", out / "vllm.toml"), ("sglang", out / "sglang.toml")):
+    path.write_text(f'model = {toml(str(model))}\ntarget = "{target}"\ndtype = "{bug.dtype}"\nmax_new_tokens = 4\n'
+                    f'prompts = [{", ".join(toml(p) for p in prompts)}]\n\n[engine_args]\n'
+                    + ('gpu_memory_utilization = 0.25\n' if target == "vllm" else ""))
+(out / "llama.path").write_text(str(build_model("llama")))
+print(model)
+EOF
+if [ "$step_rc" -eq 0 ]; then record zoo PASS "$step_s" "$(log_tail zoo 1)"; else record zoo FAIL "$step_s" "$(log_tail zoo)"; fi
+
+verdict() {  # OUTDIR → "verdict rank1-module ratio onset" from report.json
+  "$py" -c 'import json, sys
+r = json.load(open(sys.argv[1] + "/report.json"))
+s = (r.get("suspects") or [{}])[0]
+t = s.get("target", {})
+print(r["verdict"], t.get("module", "-"), s.get("error_ratio", "-"), "onset", s.get("onset_token", "-"),
+      "| vllm", r["meta"]["target"].get("version"), "| reused", r["meta"].get("reused_traces"), "|", r["meta"].get("seconds"), "s")' "$1" 2>/dev/null || echo "no report"
+}
+
+run_step vllm-bug 200 "$deadline" "$py" -m ekka_core.cli diagnose --spec "$out/vllm.toml" --out "$out/vllm-bug" --fresh --inject-bug "$bug"
+v="$(verdict "$out/vllm-bug")"
+case "$v" in
+  "divergent model.layers.3.self_attn.attn "*) record vllm-bug-injected PASS "$step_s" "$v" ;;
+  *) record vllm-bug-injected FAIL "$step_s" "exit $step_rc, want divergent at model.layers.3.self_attn.attn; got: $v; $(log_tail vllm-bug)" ;;
+esac
+
+run_step vllm-clean 200 "$deadline" "$py" -m ekka_core.cli diagnose --spec "$out/vllm.toml" --out "$out/vllm-clean" --fresh
+v="$(verdict "$out/vllm-clean")"
+case "$v" in
+  consistent*) record vllm-clean PASS "$step_s" "$v" ;;
+  *) record vllm-clean FAIL "$step_s" "exit $step_rc, want consistent; got: $v; $(log_tail vllm-clean)" ;;
+esac
+
+# --- 3. SGLang ----------------------------------------------------------------------------------------------------
+# Through Ekka: the SGLang target is not traced yet; the run must refuse clearly (exit 2, the reason named).
+run_step sglang-ekka 120 "$deadline" env PYTHONPATH="${PYTHONPATH:-}" "$sg_py" -m ekka_core.cli diagnose --spec "$out/sglang.toml" --out "$out/sglang-ekka" --fresh
+msg="$(grep -h 'ekka: error' "$out/sglang-ekka.log" | tail -1 | cut -c1-240)"
+if [ "$step_rc" -eq 2 ] && [ -n "$msg" ]; then
+  record sglang-via-ekka PASS "$step_s" "refused as expected (exit 2): $msg"
+else
+  record sglang-via-ekka FAIL "$step_s" "exit $step_rc (want 2 with a clear message): ${msg:-$(log_tail sglang-ekka)}"
+fi
+
+# SGLang's own engine: greedy tokens on the zoo Llama, then HF Transformers' greedy tokens for the same prompts.
+run_step sglang-generate 200 "$deadline" "$sg_py" - "$(cat "$out/llama.path" 2>/dev/null)" <<'EOF'
+import sys, time
+model = sys.argv[1]
+prompts = ["Once upon a time there was a small model that learned to count.", "The capital of France is"]
+t = time.perf_counter()
+import sglang as sgl
+engine = sgl.Engine(model_path=model, dtype="bfloat16", disable_cuda_graph=True, mem_fraction_static=0.25,
+                    random_seed=0, log_level="error")
+outs = engine.generate(prompts, {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True})
+engine.shutdown()
+sg = [o["output_ids"] if "output_ids" in o else None for o in outs]
+print(f"sglang {sgl.__version__}: {time.perf_counter() - t:.1f} s; texts {[o['text'] for o in outs]}")
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained(model)
+hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.bfloat16, attn_implementation="eager").cuda()
+same = 0
+for i, p in enumerate(prompts):
+    ids = tok(p, return_tensors="pt").input_ids.cuda()
+    gen = hf.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, ids.shape[1]:].tolist()
+    if sg[i] is None:
+        sg_ids = tok(outs[i]["text"], add_special_tokens=False).input_ids[:8]
+    else:
+        sg_ids = list(sg[i])[:8]
+    agree = sum(a == b for a, b in zip(gen, sg_ids))
+    same += agree == len(gen)
+    print(f"prompt {i}: HF {gen} SGLang {sg_ids} ({agree}/8 equal)")
+print(f"SMOKE OK: generated {len(outs)} sequences; {same}/{len(prompts)} identical to HF greedy (bf16, random weights: "
+      "near-ties may flip a token)")
+EOF
+if [ "$step_rc" -eq 0 ] && grep -q "SMOKE OK" "$out/sglang-generate.log"; then
+  record sglang-generate PASS "$step_s" "$(grep -h 'SMOKE OK\|^sglang ' "$out/sglang-generate.log" | tr '\n' ' ' | cut -c1-300)"
+else
+  record sglang-generate FAIL "$step_s" "exit $step_rc: $(log_tail sglang-generate)"
+fi
+
+# --- summary ------------------------------------------------------------------------------------------------------
+echo
+say "summary (logs and reports in $out):"
+fails=0
+for i in "${!names[@]}"; do
+  printf '  %-4s %-20s %7ss  %s\n' "${statuses[$i]}" "${names[$i]}" "${times[$i]}" "${notes[$i]}" | cut -c1-220
+  [ "${statuses[$i]}" = PASS ] || fails=$((fails + 1))
+done
+say "total ${SECONDS}s; $fails step(s) failed"
+[ "$fails" -eq 0 ]
