@@ -1,28 +1,33 @@
 """Capture overhead of tracing the vLLM target: traced / untraced generate time, trace bytes per token, peak RSS.
 
-    .venv/bin/python benchmarks/capture_overhead.py [--runs 3] [--prompt-tokens 128] [--max-new-tokens 8]
-                                                    [--profile] [--keep DIR]
+    .venv/bin/python benchmarks/capture_overhead.py [--runs 2] [--reps 3] [--prompt-tokens 128]
+                                                    [--max-new-tokens 8] [--profile] [--keep DIR]
 
 Model: the zoo's llama made larger (hidden 1024, 8 layers, 16 heads, 4 KV heads, head_dim 64, intermediate 2816),
-bf16, one prompt of exactly ``--prompt-tokens`` token ids (fed as ids, so its length is exact).
+bf16, one prompt of exactly ``--prompt-tokens`` token ids (fed as ids, so its length is exact), greedy,
+``--max-new-tokens`` new tokens (prefill + max_new_tokens-1 decode steps are traced).
 
-Each measurement is one fresh child process (VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_CPU_KVCACHE_SPACE=1, engine
-built with ``ekka_core.capture.vllm_runner.engine_args``) that
+Each of ``--runs`` child processes (VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_CPU_KVCACHE_SPACE=1, engine built with
+``ekka_core.capture.vllm_runner.engine_args``, so the engine runs in the child and ru_maxrss is the engine's):
 
   1. warms up with one untraced ``llm.generate``;
-  2. times an untraced ``generate``                        (U1)  — then reads ru_maxrss: the untraced peak;
-  3. starts tracing exactly as ``vllm_runner.run`` does (``collective_rpc("ekka_trace_control", ("start", …))``),
-     times ``generate`` (T) and the ``close`` rpc (C: final shard + index written) separately;
-  4. times one more untraced ``generate``                  (U2)  — then reads ru_maxrss: the traced peak.
+  2. times an untraced ``generate`` (U0), then reads ru_maxrss: the peak before anything was traced;
+  3. ``--reps`` times: start tracing exactly as ``vllm_runner.run`` does
+     (``collective_rpc("ekka_trace_control", ("start", dir, run_info))``), time ``generate`` (T_k), close it the
+     same way (``("close", …)``: last shard + index.json written; timed separately), then time an untraced
+     ``generate`` (U_k+1);
+  4. reads ru_maxrss again: the peak with tracing.
 
-ratio = T / mean(U1, U2) (untraced runs on both sides cancel drift from other load on the machine), and
-ratio_incl_close = (T + C) / mean(U1, U2). Medians over ``--runs`` processes are printed.
+Each traced run is compared with the untraced runs just before and after it, ratio_k = T_k / mean(U_k, U_k+1),
+so drift from other load on the machine cancels; the medians over all pairs are printed, in wall time and in
+process CPU time (user+sys, less sensitive to other processes competing for the cores).
 
 ``--profile`` adds three more child processes that isolate where the traced time goes, by monkeypatching
 ``TraceWriter`` in the child only (ekka_core itself is untouched):
   hooks-only   hooks fire and build the index, but ``add_tensor`` stores nothing (no clone, no write);
   clone-only   tensors are cloned to CPU as usual but the shards are never written to disk;
-  cprofile     a full traced generate+close under cProfile; the top functions by own time are printed.
+  cprofile     the traced generate+close runs under cProfile; own time is summed by category (model compute,
+               clone, mutation checksum, safetensors, class-source lookup, index, Ekka's hook code).
 """
 
 from __future__ import annotations
@@ -123,9 +128,6 @@ def child(cfg: dict) -> None:
                          max_new_tokens=cfg["max_new_tokens"])
     args = engine_args(spec)
     llm = LLM(**args)
-    if cfg.get("threads"):
-        import torch
-        torch.set_num_threads(cfg["threads"])   # the in-process engine runs its forward on this thread pool
     prompt = [{"prompt_token_ids": cfg["prompt_ids"]}]
     params = SamplingParams(temperature=0.0, max_tokens=cfg["max_new_tokens"], ignore_eos=True)
     info = asdict(RunInfo(framework="vllm", framework_version=vllm.__version__, role="target", model=spec.model,
@@ -208,7 +210,6 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="traced/untraced alternations per process")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--threads", type=int, help="torch intra-op threads in the child (default: vLLM's choice)")
     ap.add_argument("--profile", action="store_true", help="also isolate hook / clone / write costs")
     ap.add_argument("--keep", type=Path, help="keep the traces under this directory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -231,7 +232,7 @@ def main() -> None:
 
     def cfg(variant: str, k: int) -> dict:
         return {"variant": variant, "model": model, "prompt_ids": ids, "max_new_tokens": a.max_new_tokens,
-                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps, "threads": a.threads}
+                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps}
 
     def ratios(r: dict) -> list[dict]:
         """One entry per traced generate, against the mean of the untraced runs just before and after it."""

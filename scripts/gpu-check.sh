@@ -5,8 +5,8 @@
 #
 # 1. picks a Python with CUDA torch (EKKA_PYTHON, else .venv/bin/python, else python3) and installs what is missing:
 #    vLLM (CUDA build): wheels carried in wheels/ (pip --no-index), else `EKKA_VLLM=cuda bash scripts/setup.sh`;
-#    Ekka's light dependencies likewise; SGLang into its own venv (.venv-sglang, system site packages visible) so
-#    its torch pins never touch vLLM's;
+#    Ekka's light dependencies likewise; SGLang into its own venv (.ekka-cache/venv-sglang) layered over that
+#    Python's packages, so its pins never touch vLLM's environment. Without a GPU nothing is installed;
 # 2. vLLM-CUDA diagnosis of a tiny zoo Gemma 3 with vLLM's sliding-window bug re-injected (expects: divergent,
 #    rank 1 model.layers.3.self_attn.attn), then the same model clean (expects: consistent);
 # 3. SGLang through Ekka (tracing SGLang is not implemented yet: expects the clear refusal, exit 2) and SGLang's own
@@ -58,22 +58,28 @@ log_tail() { tail -n "${2:-3}" "$out/$1.log" 2>/dev/null | tr '\n' ' ' | cut -c1
 
 # --- 0. the machine --------------------------------------------------------------------------------------------
 t0="$(now)"
-if command -v nvidia-smi >/dev/null 2>&1 && gpu="$(nvidia-smi -L 2>&1 | head -1)" && [ -n "$gpu" ]; then
+gpu_ok=0
+if command -v nvidia-smi >/dev/null 2>&1 && gpu="$(nvidia-smi -L 2>/dev/null | head -1)" && [ -n "$gpu" ]; then
+  gpu_ok=1
   record gpu PASS "$(elapsed "$t0")" "$gpu"
 else
-  record gpu FAIL "$(elapsed "$t0")" "nvidia-smi sees no GPU: the CUDA checks below will fail"
+  record gpu FAIL "$(elapsed "$t0")" "nvidia-smi sees no GPU: nothing is installed; the checks run on what is there (CPU)"
 fi
 
 cuda_ok() { "$1" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
 has() { "$1" -c "import $2" >/dev/null 2>&1; }
 
-py=""
+# The first candidate with CUDA torch and vLLM; else the first with CUDA torch; else the first with torch.
+py=""; py_cuda=""; py_torch=""
 for cand in "${EKKA_PYTHON:-}" "$root/.venv/bin/python" "$(command -v python3 || true)"; do
   [ -n "$cand" ] && [ -x "$cand" ] || continue
-  if cuda_ok "$cand" && has "$cand" vllm; then py="$cand"; break; fi
-  [ -z "$py" ] && cuda_ok "$cand" && py="$cand"
+  if cuda_ok "$cand"; then
+    has "$cand" vllm && { py="$cand"; break; }
+    [ -n "$py_cuda" ] || py_cuda="$cand"
+  fi
+  [ -n "$py_torch" ] || ! has "$cand" torch || py_torch="$cand"
 done
-[ -n "$py" ] || py="$(command -v python3 || echo python3)"
+[ -n "$py" ] || py="${py_cuda:-${py_torch:-$(command -v python3 || echo python3)}}"
 say "python: $py ($("$py" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
 
 # --- 1. installs -------------------------------------------------------------------------------------------------
@@ -84,7 +90,9 @@ pip_from_wheels() {  # PY PKG...: from the carried wheels only
   "$p" -m pip install -q --disable-pip-version-check --no-index --find-links "$wheels" "$@"
 }
 
-if has "$py" vllm && cuda_ok "$py"; then
+if [ "$gpu_ok" -eq 0 ]; then
+  record install-vllm FAIL 0.0 "no GPU: not installing the CUDA build (vLLM here: $("$py" -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo none))"
+elif has "$py" vllm && cuda_ok "$py"; then
   record install-vllm PASS 0.0 "vLLM $("$py" -c 'import vllm; print(vllm.__version__)' 2>/dev/null) already there"
 else
   t0="$(now)"
@@ -128,14 +136,23 @@ else
   record install-ekka FAIL "$(elapsed "$t0")" "missing:${missing:- none}; $(log_tail install-ekka-deps)"
 fi
 
-# SGLang in its own venv that sees the chosen Python's packages (torch, transformers) without changing them.
-sg_venv="$root/.venv-sglang"
+# SGLang in its own venv layered over the chosen Python's packages (torch, transformers, Ekka): a site-packages
+# hook makes them visible, and whatever SGLang pins differently lands in the venv, in front, never in $py's env.
+sg_venv="${EKKA_SGLANG_VENV:-$root/.ekka-cache/venv-sglang}"
 sg_py="$py"
-if has "$py" sglang; then
+if [ "$gpu_ok" -eq 0 ]; then
+  record install-sglang FAIL 0.0 "no GPU: SGLang ships CUDA-only wheels; not installing"
+elif has "$py" sglang; then
   record install-sglang PASS 0.0 "SGLang $("$py" -c 'import sglang; print(sglang.__version__)' 2>/dev/null) already there"
 else
   t0="$(now)"
-  [ -x "$sg_venv/bin/python" ] || "$py" -m venv --system-site-packages "$sg_venv" > "$out/install-sglang.log" 2>&1
+  if [ ! -x "$sg_venv/bin/python" ]; then
+    "$py" -m venv "$sg_venv" > "$out/install-sglang.log" 2>&1
+    sg_site="$("$sg_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)"
+    "$py" -c 'import site, sysconfig, sys
+paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]] + site.getsitepackages())
+print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in paths))' > "$sg_site/_ekka_parent_env.pth" 2>>"$out/install-sglang.log"
+  fi
   sg_py="$sg_venv/bin/python"
   if ! has "$sg_py" sglang; then
     pip_from_wheels "$sg_py" sglang >> "$out/install-sglang.log" 2>&1 \
@@ -196,7 +213,7 @@ esac
 
 # --- 3. SGLang ----------------------------------------------------------------------------------------------------
 # Through Ekka: the SGLang target is not traced yet; the run must refuse clearly (exit 2, the reason named).
-run_step sglang-ekka 120 "$deadline" env PYTHONPATH="${PYTHONPATH:-}" "$sg_py" -m ekka_core.cli diagnose --spec "$out/sglang.toml" --out "$out/sglang-ekka" --fresh
+run_step sglang-ekka 120 "$deadline" env PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$sg_py" -m ekka_core.cli diagnose --spec "$out/sglang.toml" --out "$out/sglang-ekka" --fresh
 msg="$(grep -h 'ekka: error' "$out/sglang-ekka.log" | tail -1 | cut -c1-240)"
 if [ "$step_rc" -eq 2 ] && [ -n "$msg" ]; then
   record sglang-via-ekka PASS "$step_s" "refused as expected (exit 2): $msg"
@@ -205,36 +222,44 @@ else
 fi
 
 # SGLang's own engine: greedy tokens on the zoo Llama, then HF Transformers' greedy tokens for the same prompts.
-run_step sglang-generate 200 "$deadline" "$sg_py" - "$(cat "$out/llama.path" 2>/dev/null)" <<'EOF'
+# (A file with a main guard: SGLang starts its scheduler processes with multiprocessing's spawn.)
+cat > "$out/sglang_smoke.py" <<'EOF'
 import sys, time
-model = sys.argv[1]
-prompts = ["Once upon a time there was a small model that learned to count.", "The capital of France is"]
-t = time.perf_counter()
-import sglang as sgl
-engine = sgl.Engine(model_path=model, dtype="bfloat16", disable_cuda_graph=True, mem_fraction_static=0.25,
-                    random_seed=0, log_level="error")
-outs = engine.generate(prompts, {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True})
-engine.shutdown()
-sg = [o["output_ids"] if "output_ids" in o else None for o in outs]
-print(f"sglang {sgl.__version__}: {time.perf_counter() - t:.1f} s; texts {[o['text'] for o in outs]}")
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(model)
-hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.bfloat16, attn_implementation="eager").cuda()
-same = 0
-for i, p in enumerate(prompts):
-    ids = tok(p, return_tensors="pt").input_ids.cuda()
-    gen = hf.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, ids.shape[1]:].tolist()
-    if sg[i] is None:
-        sg_ids = tok(outs[i]["text"], add_special_tokens=False).input_ids[:8]
-    else:
-        sg_ids = list(sg[i])[:8]
-    agree = sum(a == b for a, b in zip(gen, sg_ids))
-    same += agree == len(gen)
-    print(f"prompt {i}: HF {gen} SGLang {sg_ids} ({agree}/8 equal)")
-print(f"SMOKE OK: generated {len(outs)} sequences; {same}/{len(prompts)} identical to HF greedy (bf16, random weights: "
-      "near-ties may flip a token)")
+
+
+def main(model: str) -> None:
+    prompts = ["Once upon a time there was a small model that learned to count.", "The capital of France is"]
+    t = time.perf_counter()
+    import sglang as sgl
+    engine = sgl.Engine(model_path=model, dtype="bfloat16", disable_cuda_graph=True, mem_fraction_static=0.25,
+                        random_seed=0, log_level="error")
+    outs = engine.generate(prompts, {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True})
+    engine.shutdown()
+    sg = [o["output_ids"] if "output_ids" in o else None for o in outs]
+    print(f"sglang {sgl.__version__}: {time.perf_counter() - t:.1f} s; texts {[o['text'] for o in outs]}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model)
+    hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.bfloat16, attn_implementation="eager").cuda()
+    same = 0
+    for i, p in enumerate(prompts):
+        ids = tok(p, return_tensors="pt").input_ids.cuda()
+        gen = hf.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, ids.shape[1]:].tolist()
+        if sg[i] is None:
+            sg_ids = tok(outs[i]["text"], add_special_tokens=False).input_ids[:8]
+        else:
+            sg_ids = list(sg[i])[:8]
+        agree = sum(a == b for a, b in zip(gen, sg_ids))
+        same += agree == len(gen)
+        print(f"prompt {i}: HF {gen} SGLang {sg_ids} ({agree}/8 equal)")
+    print(f"SMOKE OK: generated {len(outs)} sequences; {same}/{len(prompts)} identical to HF greedy (bf16, random weights: "
+          "near-ties may flip a token)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
 EOF
+run_step sglang-generate 200 "$deadline" "$sg_py" "$out/sglang_smoke.py" "$(cat "$out/llama.path" 2>/dev/null)"
 if [ "$step_rc" -eq 0 ] && grep -q "SMOKE OK" "$out/sglang-generate.log"; then
   record sglang-generate PASS "$step_s" "$(grep -h 'SMOKE OK\|^sglang ' "$out/sglang-generate.log" | tr '\n' ' ' | cut -c1-300)"
 else

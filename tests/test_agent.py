@@ -88,7 +88,8 @@ def toy_trees(src: Path, layers: int = 1, fused: bool = False) -> tuple[ModelTre
             r += [(f"{L}.mlp.up_a", "Linear", 1024), (f"{L}.mlp.up_b", "Linear", 512)]
         t += [(f"{L}.mlp", "ToyMLP", 256), (L, "ToyDecoderLayer", 256)]
         r += [(f"{L}.mlp", "ToyMLP", 256), (L, "ToyDecoderLayer", 256)]
-    t += [("model.norm", "RMSNorm", 256), ("logits_processor", "LogitsProcessor", 512), ("", "EkkaToyForCausalLM", None)]
+    t += [("model.norm", "RMSNorm", 256), ("logits_processor", "LogitsProcessor", 512),
+          ("", "EkkaToyForCausalLM", None)]
     r += [("model.norm", "RMSNorm", 256), ("lm_head", "Linear", 512), ("", "EkkaToyForCausalLM", None)]
     return _tree("vllm", t, src), _tree("hf", r, src)
 
@@ -452,10 +453,16 @@ def test_no_api_key_makes_no_request_and_records_the_reason(api, tmp_path, toy_s
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
     monkeypatch.setenv("EKKA_KNOWLEDGE_DIR", str(tmp_path / "kb-env"))
-    mapping = map_components(t_tree, r_tree)
     assert AgentConfig.from_env().api_key is None
+    mapping = map_components(t_tree, r_tree)
+    out = complete_mapping(mapping, t_tree, r_tree, config=None)
+    assert out.status == "knowledge-base" and api.requests == []       # the shipped toy entry knows this one
+    for tree in (t_tree, r_tree):
+        tree.modules[""].cls = "OtherToyForCausalLM"                    # a model no entry knows
+    mapping = map_components(t_tree, r_tree)
     out = complete_mapping(mapping, t_tree, r_tree, config=None)
     assert out.status == "no-api-key" and api.requests == []
+    assert not (tmp_path / "kb-env").exists()                           # nothing written without a result
 
 
 def test_from_env_reads_settings_and_survives_bad_numbers(tmp_path):
@@ -622,4 +629,4 @@ def test_agent_with_traces_uses_tensor_tools_validates_by_alignment_and_runs_ali
     index = {id(tr): _calls_by_module(tr) for tr in (traces.target, traces.reference)}
     for comp in asked:
         ap = align_pair(mapping.pair(comp), traces, index, 0)
-        assert torch.allclose(ap.target * (mapping.pair(comp).target.scale or 1), ap.reference, atol=1e-5)
+        assert torch.allclose(ap.target, ap.reference, atol=1e-5)      # the target's scale is applied

@@ -376,6 +376,25 @@ async def test_cancel_during_capture_kills_the_worker_group(client: LanguageClie
     assert [m for m in status["heavy_modules"] if m.split(".")[0] in HEAVY] == []
 
 
+async def test_worker_that_dies_is_an_internal_failure(client: LanguageClient, demo):
+    """ekka.interpreter (here changed through workspace/didChangeConfiguration) runs the worker; a worker that
+    exits without answering fails the job with exit code 3 and the server carries on."""
+    rec: Recorder = client.ekka  # type: ignore[attr-defined]
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"ekka": {"interpreter": "/bin/false"}}))
+    try:
+        job_id = _plain(await _execute(client, "ekka.server.diagnose", {
+            "uri": from_fs_path(str(demo["spec_file"])), "env": ENV}))["jobId"]
+        final = await rec.final(job_id, timeout=30)
+        assert final["state"] == "failed" and final["exit_code"] == 3, final
+        assert "worker stopped unexpectedly" in final["error"]["message"]
+        assert any("worker stopped unexpectedly" in m.message for m in client.messages)
+    finally:
+        client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+            settings={"ekka": {"interpreter": sys.executable}}))
+    assert (await _status(client))["settings"]["interpreter"] == sys.executable
+
+
 async def test_clear_removes_diagnostics_lenses_and_hovers(client: LanguageClient, demo):
     top = demo["report"]["suspects"][0]
     uri = _uri_for(client.diagnostics, top["target"]["file"])
@@ -407,6 +426,6 @@ async def test_presentation_helpers():
     diags = diagnostics(result, lambda path, line: "    class Attention:")
     [(key, [d])] = list(diags.items())      # the inherited forward (another file) gets no diagnostic
     assert d.severity == types.DiagnosticSeverity.Error and d.range.start.line == 9
-    assert d.range.start.character == 4 and "#1 b" in d.message and "also #3 a" in d.message
+    assert d.range.start.character == 4 and "#1: b" in d.message and "also #3 a (ratio 5×)" in d.message
     assert fmt_ratio(1234.5) == "1,234" and fmt_ratio(None) == "n/a" and fmt_ratio(0.9123) == "0.912"
     assert sparkline([1.0, None, 1000.0]) == "▁ █"

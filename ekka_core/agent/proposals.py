@@ -161,7 +161,8 @@ class Validator:
         comp, ref = pair.component, pair.reference
         for m in pair.target.modules:
             if m not in self.target.modules:
-                probs.append(f"target module {m!r} is not in the {self.target.framework} tree{self._near(m, self.target)}")
+                probs.append(f"target module {m!r} is not in the {self.target.framework} tree"
+                             f"{self._near(m, self.target)}")
         for m in ref.modules:
             if m not in self.reference.modules:
                 probs.append(f"reference module {m!r} is not in the {self.reference.framework} tree"
@@ -263,7 +264,8 @@ class Validator:
     def run(self, proposals: list[Proposal], explanations: list[Explanation],
             keep: Verdict | None = None) -> Verdict:
         """Resolve every open component to its latest proposal or explanation (a newer one replaces an older one,
-        pattern or not), check it, and report what is still missing. ``keep``: components confirmed in an earlier round stay
+        pattern or not), check it, and report what is still missing. ``keep``: components confirmed in an earlier
+        round stay
         confirmed unless a newer proposal replaces them."""
         v = Verdict()
         chosen: dict[str, tuple[int, Any, str]] = {}     # comp -> (seq, item, i): the latest item wins

@@ -159,7 +159,8 @@ def find_slices(big: np.ndarray, small: np.ndarray, top: int = 3) -> list[tuple[
 
 
 def _runs(perm: np.ndarray) -> list[list[int]]:
-    """A permutation ``target[:, perm[j]] ↔ reference[:, j]`` as contiguous runs [target_start, reference_start, len]."""
+    """A permutation ``target[:, perm[j]] ↔ reference[:, j]`` as contiguous runs
+    [target_start, reference_start, length]."""
     runs: list[list[int]] = []
     for j, t in enumerate(perm.tolist()):
         if runs and runs[-1][0] + runs[-1][2] == t and runs[-1][1] + runs[-1][2] == j:

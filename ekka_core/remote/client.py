@@ -55,6 +55,14 @@ digest = None
 if os.path.isfile(zp):
     with open(zp, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
+    os.utime(zp)                      # mtime = last use: engine zips unused for a week are removed below
+import glob, time
+for old in glob.glob(os.path.join(engine, "ekka-*.zip*")):
+    try:
+        if old != zp and os.path.getmtime(old) < time.time() - 7 * 86400:
+            os.remove(old)
+    except OSError:
+        pass
 missing = []
 for m in filter(None, sys.argv[3].split(",")):
     try:
@@ -430,13 +438,18 @@ async def _agent(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fre
                     progress(state.stage, ev.get("message", ""))
             elif kind == "done":
                 done = ev
+                break                                # fetch now; the agent's interpreter exit takes seconds
             elif kind == "error":
                 error = ev
-        await proc.wait_closed()
+        if done is None:
+            await proc.wait_closed()
     finally:
-        try:
-            await asyncio.wait_for(err_task, 2)
-        except BaseException:  # noqa: BLE001
+        if done is None:
+            try:
+                await asyncio.wait_for(err_task, 2)
+            except BaseException:  # noqa: BLE001
+                err_task.cancel()
+        else:
             err_task.cancel()
     if error is not None:
         cls = BadInput if error.get("exit_code") == 2 else InternalFailure

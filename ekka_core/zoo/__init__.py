@@ -22,7 +22,7 @@ from typing import Any
 from ekka_core.errors import BadInput
 
 # Bump when the build procedure itself changes (not needed for recipe edits: they are hashed).
-ZOO_VERSION = 2
+ZOO_VERSION = 3
 
 # Shared by every recipe: small enough to run on two CPU cores in seconds, large enough for vLLM's CPU kernels
 # (head_dim 64: the CPU attention backend rejects 16) and for sliding windows to be exceeded by a 64-token prompt.
@@ -46,20 +46,28 @@ _BASE: dict[str, Any] = {
 }
 
 SLIDING_WINDOW = 16
+# Gemma multiplies its (tied) embeddings by sqrt(hidden): with random weights a token's own embedding then dominates
+# both the residual stream and the output layer, and the model only echoes its last input token — hiding
+# attention bugs from generation. Shrinking the embedding matrix gives attention a say. (Zoo-only recipe key.)
+GEMMA_EMBED_SCALE = 0.125
 
 RECIPES: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
     "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
     "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
-    "mistral": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": None},
+    # Mistral's sliding window on every layer (unlike Llama, which it otherwise equals at this size).
+    "mistral": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": SLIDING_WINDOW},
     "gemma": {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "tie_word_embeddings": True,
+              "_embed_scale": GEMMA_EMBED_SCALE,
               "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh"},
     "gemma2": {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "tie_word_embeddings": True,
+               "_embed_scale": GEMMA_EMBED_SCALE,
                "sliding_window": SLIDING_WINDOW, "query_pre_attn_scalar": 64,
                "layer_types": ["sliding_attention", "full_attention"] * 2,
                # Random-init logits are O(1): caps of this size actually clip, so soft-capping is exercised.
                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0},
     "gemma3_text": {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "tie_word_embeddings": True,
+                    "_embed_scale": GEMMA_EMBED_SCALE,
                     "sliding_window": SLIDING_WINDOW, "query_pre_attn_scalar": 64,
                     # Gemma 3's local:global pattern, shortened: layer 3 is the global (full-attention) layer.
                     "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
@@ -134,11 +142,15 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
     staging = Path(tempfile.mkdtemp(prefix=f".{arch}-", dir=target.parent))
     try:
         model_type = config_dict.pop("model_type")
+        embed_scale = config_dict.pop("_embed_scale", None)
         config = AutoConfig.for_model(model_type, **config_dict)
         config.dtype = "float32"
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         _perturb_norm_weights(model, seed)
+        if embed_scale is not None:
+            with torch.no_grad():
+                model.get_input_embeddings().weight.mul_(embed_scale)
         model.save_pretrained(staging, safe_serialization=True)
         _train_tokenizer(staging, config_dict)
         (staging / "ekka-zoo.json").write_text(json.dumps(
