@@ -5,12 +5,14 @@ The shells (CLI, language server) call :func:`diagnose` and nothing else.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ekka_core import __version__
+from ekka_core.agent import AgentConfig, AgentOutcome, complete_mapping
 from ekka_core.align import Traces, align
 from ekka_core.analysis import Ranking, analyse
 from ekka_core.capture import capture, load
@@ -52,9 +54,15 @@ def diagnose(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
     t_tree, r_tree = build_tree(target), build_tree(reference)
     progress("mapping", "mapping components")
     mapping = map_components(t_tree, r_tree)
+    traces = Traces(target, reference, reference_fp32)
+    # What the rules left with "no rule": knowledge base first ($0), then the agent if a key is set. Never raises.
+    agent = complete_mapping(mapping, t_tree, r_tree, traces=traces,
+                             config=AgentConfig.from_env({**os.environ, **(env or {})}))
+    if agent.status != "nothing-to-do":
+        progress("mapping", agent.summary())
     mapping.save(out_dir / "mapping.json")
     progress("align", "aligning activations and proving the alignment")
-    aligned = align(mapping, Traces(target, reference, reference_fp32))
+    aligned = align(mapping, traces)
     progress("analysis", "computing error ratios and the first divergence")
     classes = {name: {"cls": n.cls, "file": n.class_file, "line": n.class_line, "forward_file": n.forward_file,
                       "forward_line": n.forward_line} for name, n in t_tree.modules.items()}
@@ -67,14 +75,16 @@ def diagnose(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
             suspect.call_file, suspect.call_line = site
     for (seq, pos), (_, why) in sorted(aligned.excluded.items()):
         ranking.notes.append(f"prompt {seq}, token {pos} excluded from there on — {why}")
-    return _finish(ranking, spec, meta, out_dir, t0, progress)
+    return _finish(ranking, spec, meta, out_dir, t0, progress, agent)
 
 
 def _finish(ranking: Ranking, spec: DiagnosisSpec, meta: dict[str, Any], out_dir: Path, t0: float,
-            progress: Progress) -> Diagnosis:
+            progress: Progress, agent: AgentOutcome | None = None) -> Diagnosis:
     progress("report", "writing report.json, report.md, report.html")
     meta["seconds"] = round(time.perf_counter() - t0, 2)
     report = build_report(ranking, spec=spec.to_json(), meta=meta)
+    if agent is not None:
+        report["agent"] = agent.to_json()
     return Diagnosis(report, write_report(report, out_dir))
 
 

@@ -137,8 +137,11 @@ class WorkerProcess:
         """Send the request and read until its response. Raises WorkerFailed; EOF (the worker died or was
         killed) is WorkerFailed with exit code 3."""
         assert self.proc and self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(encode({"id": 1, "method": "diagnose", "params": params}))
-        await self.proc.stdin.drain()
+        try:
+            self.proc.stdin.write(encode({"id": 1, "method": "diagnose", "params": params}))
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass   # the worker is already gone: reading below hits EOF and reports its exit code and log
         while True:
             line = await self.proc.stdout.readline()
             if not line:

@@ -15,7 +15,10 @@ from typing import Any, Callable, Iterable
 
 from lsprotocol import types
 
-from server.protocol import CLIENT_SHOW_DIVERGENCE, CODE_SUSPECT, CODE_SUSPECT_FORWARD, DIAGNOSTIC_SOURCE
+from server.protocol import (CLIENT_SHOW_DIVERGENCE, CODE_SUSPECT, CODE_SUSPECT_CALL, CODE_SUSPECT_FORWARD,
+                             DIAGNOSTIC_SOURCE)
+
+CODES = {"class": CODE_SUSPECT, "forward": CODE_SUSPECT_FORWARD, "call": CODE_SUSPECT_CALL}
 
 SPARKS = "▁▂▃▄▅▆▇█"
 MAX_HOVER_ROWS = 48
@@ -80,7 +83,7 @@ class Mark:
 
     path: str             # as the report spells it (published under this path's URI)
     line: int             # 0-based
-    kind: str             # "class" | "forward"
+    kind: str             # "class" | "forward" | "call"
     suspects: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -116,6 +119,9 @@ def suspect_marks(report: dict[str, Any]) -> list[Mark]:
         # A forward inherited from elsewhere (vLLM's CustomOp.forward dispatcher) says nothing about this class.
         if t.get("forward_file") and t.get("forward_line") and t.get("forward_file") == t.get("file"):
             places.append(("forward", t["forward_file"], t["forward_line"]))
+        # Where the parent's forward calls this module (``self.attn(q, k, v)``), when the engine located it.
+        if t.get("call_file") and t.get("call_line"):
+            places.append(("call", t["call_file"], t["call_line"]))
         for kind, path, line in places:
             if not path or not isinstance(line, int) or line < 1:
                 continue
@@ -131,10 +137,10 @@ def _onset(s: dict[str, Any]) -> str:
     return f", diverges from token {s['onset_token']}{phase}"
 
 
-def suspect_message(s: dict[str, Any], threshold: Any) -> str:
+def suspect_message(s: dict[str, Any], threshold: Any, where: str = "") -> str:
     t = s["target"]
     refs = ", ".join((s.get("reference") or {}).get("modules") or []) or "none"
-    return (f"Ekka #{s['rank']}: {t['module']} ({t['class']}) departs from the reference — error ratio "
+    return (f"Ekka #{s['rank']}{where}: {t['module']} ({t['class']}) departs from the reference — error ratio "
             f"{fmt_ratio(s.get('error_ratio'))}× (threshold {threshold}){_onset(s)}; reference module(s): {refs}")
 
 
@@ -158,15 +164,14 @@ def diagnostics(result: Result, line_text: LineText) -> dict[str, list[types.Dia
     out: dict[str, list[types.Diagnostic]] = {}
     for m in result.marks:
         lead, *others = sorted(m.suspects, key=lambda s: s["rank"])
-        msg = suspect_message(lead, thr)
-        if m.kind == "forward":
-            msg = f"{msg} [forward() of {lead['target']['class']}]"
+        where = {"class": "", "forward": f" (forward of {lead['target']['class']})", "call": " (called here)"}
+        msg = suspect_message(lead, thr, where[m.kind])
         if others:
             msg += "; also " + "; ".join(f"#{s['rank']} {s['target']['module']} (ratio {fmt_ratio(s.get('error_ratio'))}×)"
                                          for s in others)
         out.setdefault(path_key(m.path), []).append(types.Diagnostic(
             range=_line_range(m.line, line_text(m.path, m.line)), message=msg, severity=severity(m.rank),
-            source=DIAGNOSTIC_SOURCE, code=CODE_SUSPECT if m.kind == "class" else CODE_SUSPECT_FORWARD,
+            source=DIAGNOSTIC_SOURCE, code=CODES[m.kind],
             data={"jobId": result.job_id, "rank": lead["rank"], "module": lead["target"]["module"]}))
     return out
 

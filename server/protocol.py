@@ -16,7 +16,23 @@ Commands (``workspace/executeCommand``):
     ``EKKA_INJECT_BUG``, which re-injects a known bug); other keys are refused.
 ``ekka.server.cancel``    ``{jobId}`` (or a job id string, or nothing: the running job). Returns the job record.
 ``ekka.server.clear``     no argument. Clears the published diagnostics, code lenses and hovers. ``{cleared: n}``.
-``ekka.server.status``    no argument. ``{pid, python, jobs: [job record], heavy_modules: [...]}`` (debugging).
+``ekka.server.status``    no argument. ``{pid, python, version, jobs: [job record], heavy_modules, settings}``.
+
+Settings: ``initializationOptions`` ``{settings: {interpreter}}`` (or ``{interpreter}``) and
+``workspace/didChangeConfiguration`` ``{ekka: {interpreter}}``. ``interpreter`` runs the worker; default
+``<workspace>/.venv/bin/python`` if it exists, else the server's own interpreter.
+
+Work-done progress: token ``ekka-<jobId>``; begin (title, cancellable, percentage 0), reports
+``"<stage>: <message>"`` with growing percentages (capture 0–70, tree 70, mapping 75, align 80, analysis 85,
+report 95), end ``"<state>: <message>"``. ``window/workDoneProgress/cancel`` on the token cancels the job.
+
+Diagnostics (``source: "ekka"``, ``data: {jobId, rank, module}``, severity 1 Error for rank 1, 2 Warning for
+rank 2, 3 Information otherwise; suspects on one line merge into one diagnostic):
+``ekka-suspect`` on the class definition line, ``ekka-suspect-forward`` on the class's own ``forward`` (not an
+inherited one in another file), ``ekka-suspect-call`` where the parent's forward calls the module.
+Code lenses on suspects' class lines: title ``Ekka #1 · ratio 49.7× · diverges from token 16 · Show
+divergence``, command ``ekka.showDivergence`` with ``[{jobId, module}]``. Hovers on the class (or own forward)
+line of any compared module's class: Markdown table of that class's modules and their error ratios, sparkline.
 
 Notifications (server → client):
 
@@ -57,6 +73,7 @@ NOTIFY_JOB_STATE = "ekka/jobState"
 DIAGNOSTIC_SOURCE = "ekka"
 CODE_SUSPECT = "ekka-suspect"
 CODE_SUSPECT_FORWARD = "ekka-suspect-forward"
+CODE_SUSPECT_CALL = "ekka-suspect-call"
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")

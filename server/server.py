@@ -29,6 +29,7 @@ from server.protocol import (CMD_CANCEL, CMD_CLEAR, CMD_DIAGNOSE, CMD_STATUS, FI
 log = logging.getLogger("ekka.server")
 
 _DIAGNOSE_KEYS = {"uri", "spec", "out_dir", "fresh", "env"}
+MAX_KEPT_JOBS = 50          # finished job records kept for ekka.server.cancel / ekka.server.status
 
 
 class EkkaServer(LanguageServer):
@@ -157,6 +158,9 @@ class EkkaServer(LanguageServer):
                         f"finish or cancel it (command {CMD_CANCEL})",
                 code=REQUEST_FAILED, data={"jobId": running})
         job = Job(id=Job.new_id(), workspace=ws, uri=uri)
+        finished = [j for j in self.jobs.values() if j.state in FINAL_STATES]
+        for old in finished[:max(0, len(finished) - MAX_KEPT_JOBS)]:
+            del self.jobs[old.id]
         self.jobs[job.id] = job
         self.active[ws] = job.id
         job.task = asyncio.create_task(self.run_job(job, req, path))

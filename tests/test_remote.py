@@ -8,6 +8,7 @@ capture for the whole module: the demo case is diagnosed once for real, the late
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -141,6 +142,8 @@ def test_remote_demo_diagnosis_ranks_the_global_attention_layer(demo, remote):
     engine = Path(remote["remote_workdir"]) / "engine"
     assert result.remote.bundle_uploaded and result.remote.ekka_file.startswith(str(engine))
     assert ".zip" in result.remote.ekka_file
+    # vLLM loads Ekka's plugin (bug injection, tracing) from the zip's dist-info: no install needed there.
+    assert result.remote.plugin_from and result.remote.plugin_from.startswith(str(engine))
     # Only the small results came back; the traces stayed remote.
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.html", "mapping.json",
                                                "remote-summary.json", "remote.json"}
@@ -179,7 +182,9 @@ def test_dropped_connection_is_reported_and_a_rerun_resumes(demo, demo_spec, ssh
         run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out", env=env, progress=progress, **remote)
     assert killed
     msg = str(e.value)
-    assert f"connection to 127.0.0.1:{sshd.port} lost during tree; the remote trace is kept in " in msg
+    # The stage named is the last one the client heard of before the link went (events can be in flight).
+    assert re.search(rf"connection to 127.0.0.1:{sshd.port} lost during (tree|mapping|align|analysis|report); "
+                     "the remote trace is kept in ", msg), msg
     assert "re-run to resume (traces are reused)" in msg and e.value.exit_code == 3
     remote_traces = Path(msg.split("the remote trace is kept in ", 1)[1].split(";", 1)[0])
     assert (remote_traces / "target").is_dir() and (remote_traces / "reference-fp32").is_dir()

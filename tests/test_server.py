@@ -228,6 +228,10 @@ async def test_diagnose_spec_file_publishes_results_on_the_engine_source(client:
     if top["target"]["forward_file"] == top["target"]["file"]:
         assert any(x.range.start.line == top["target"]["forward_line"] - 1 and x.code == "ekka-suspect-forward"
                    for x in diags)
+    if top["target"].get("call_file"):     # the call site in the parent's forward, when the engine found it
+        call_uri = _uri_for(client.diagnostics, top["target"]["call_file"])
+        assert any(x.range.start.line == top["target"]["call_line"] - 1 and x.code == "ekka-suspect-call"
+                   for x in client.diagnostics[call_uri])
     # Rank 2 is a warning on its own class line.
     second = report["suspects"][1]
     uri2 = _uri_for(client.diagnostics, second["target"]["file"])

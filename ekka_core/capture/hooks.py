@@ -173,10 +173,14 @@ class ModuleTracer:
             return self.writer.add_tensor(key, x)
         return _summary(x)
 
-    def flush_index(self) -> None:
+    def keep_raw_requests(self) -> None:
+        """Steps whose request ids were never resolved to sequences keep the engine's raw ids."""
         for step, reqs in zip(self.writer.steps, self._step_req):
             if not step.seq:
                 step.req = [None if r is None else str(r) for r in reqs]
+
+    def flush_index(self) -> None:
+        self.keep_raw_requests()
         self.writer.checkpoint()
 
     # -- closing ----------------------------------------------------------------------------------------------

@@ -94,8 +94,11 @@ def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
     generated = [list(o.outputs[0].token_ids) for o in outputs]
     # What the model was fed: the prompt and every generated token but the last (which is only sampled).
     token_ids = [p + g[:-1] for p, g in zip(prompt_ids, generated)]
-    stats = llm.collective_rpc("ekka_trace_control", args=("close", seq_by_req, [len(p) for p in prompt_ids],
-                                                           token_ids, generated, own_ids, failure))
+    try:
+        stats = llm.collective_rpc("ekka_trace_control", args=("close", seq_by_req, [len(p) for p in prompt_ids],
+                                                               token_ids, generated, own_ids, failure))
+    except Exception as e:  # a dead engine cannot close its workers' traces; they stay on disk, unindexed
+        raise InternalFailure(f"{failure or 'vLLM failed'}; closing the traces failed too ({e})") from e
     if args.get("tensor_parallel_size", 1) > 1 and failure is None:
         from ekka_core.capture.unshard import unshard
         unshard([Path(out_dir) / f"rank-{r}" for r in range(args["tensor_parallel_size"])], Path(out_dir))

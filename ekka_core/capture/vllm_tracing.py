@@ -83,6 +83,8 @@ def close(seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[li
     run.own_prompt_token_ids = own_prompt_ids
     if seq_by_req:
         tracer.resolve_steps(seq_of, prompt_lens)
+    else:
+        tracer.keep_raw_requests()
     ok = failure is None and tracer.fired > 0 and bool(seq_by_req)
     tracer.writer.close(complete=ok, failure=failure or (None if tracer.fired else "no module hook fired: the "
                                                          "model ran under CUDA graphs or torch.compile"))

@@ -75,6 +75,7 @@ class RemoteRun:
     python: str
     python_version: str
     ekka_file: str                     # where the remote imported ekka_core from (the deployed zip)
+    plugin_from: str | None            # where vLLM there loads Ekka's plugin from (None: not found)
     bundle_sha256: str
     bundle_uploaded: bool
     trace_bytes: int                   # size of the remote traces

@@ -171,6 +171,18 @@ def _ekka_file() -> str:
     return str(ekka_core.__file__)
 
 
+def _plugin_from() -> str | None:
+    """Where vLLM will load Ekka's plugin from (the distribution declaring ``vllm.general_plugins: ekka``)."""
+    try:
+        from importlib.metadata import entry_points
+        for ep in entry_points(group="vllm.general_plugins"):
+            if ep.name == "ekka":
+                return str(getattr(ep.dist, "_path", None) or ep.value)
+    except Exception:  # noqa: BLE001 - diagnostics only
+        pass
+    return None
+
+
 def main() -> int:
     try:
         os.setsid()                  # its own session and process group: cancel kills exactly this run's tree
@@ -179,7 +191,8 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     events = _Events()
     events.emit("hello", protocol=PROTOCOL, pid=os.getpid(), pgid=os.getpgid(0), python=sys.executable,
-                python_version=sys.version.split()[0], ekka_file=_ekka_file(), host=os.uname().nodename)
+                python_version=sys.version.split()[0], ekka_file=_ekka_file(), plugin_from=_plugin_from(),
+                host=os.uname().nodename)
     try:
         job = json.loads(sys.stdin.readline() or "{}")
         if job.get("protocol") != PROTOCOL:

@@ -309,7 +309,8 @@ async def _run(conn: Any, client: _Client, state: _State, spec: Any, *, remote_p
     paths, summary = _unpack(data, out_dir_local)
     run = RemoteRun(host=str(url), out_dir=done.get("out_dir", state.remote_out), python=probe["python"],
                     python_version=".".join(map(str, probe["version"])),
-                    ekka_file=(state.hello or {}).get("ekka_file", ""), bundle_sha256=bundle.sha256,
+                    ekka_file=(state.hello or {}).get("ekka_file", ""),
+                    plugin_from=(state.hello or {}).get("plugin_from"), bundle_sha256=bundle.sha256,
                     bundle_uploaded=uploaded, trace_bytes=int(done.get("trace_bytes", 0)),
                     bytes_transferred=_wire_bytes(conn), payload_bytes=state.payload,
                     reused_traces=bool(done.get("reused_traces")), seconds=round(time.perf_counter() - t0, 2),

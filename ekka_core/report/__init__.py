@@ -108,6 +108,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- prompt {d['prompt']}: first difference at position {d['position']}: "
                      f"target {d['target'][:12]} vs reference {d['reference'][:12]}")
     lines += ["", f"Checked {report['checked']} component pairs."]
+    agent = report.get("agent")
+    if agent and agent.get("status") != "nothing-to-do":
+        usage = agent.get("usage", {})
+        lines += ["", "## Mapping agent", "", f"- {agent.get('status')}: {agent.get('message', '')}",
+                  f"- {usage.get('calls', 0)} API calls, ${usage.get('dollars', 0):.4f}"]
     if report["unchecked"]:
         lines += ["", "## Not checked", ""] + [f"- `{u['module']}`: {u['reason']}" for u in report["unchecked"]]
     if report["notes"]:

@@ -2,7 +2,10 @@
 import type { Report, Suspect } from "./protocol";
 
 /** Error ratio as shown to people: one decimal below 100, a whole number from 100 on ("37.2", "140"). */
-export function formatRatio(ratio: number): string {
+export function formatRatio(ratio: number | null | undefined): string {
+  if (ratio === null || ratio === undefined) {
+    return "n/a";
+  }
   if (Number.isNaN(ratio)) {
     return "?";
   }
@@ -22,15 +25,44 @@ type SuspectLike = Pick<Suspect, "rank" | "error_ratio"> & {
   onset_token?: number | null;
 };
 
-/** "#1 Attention · 37.2× · from token 17"; the onset part is left out when there is no onset token. */
-export function formatSuspectLabel(s: SuspectLike): string {
-  // A module with no recorded class (e.g. a functional op) is named by its module path.
-  const name = s.target.class !== "" ? s.target.class : s.target.module;
-  const parts = [`#${s.rank} ${name}`, `${formatRatio(s.error_ratio)}×`];
+/** A suspect's name: its class, or its module path when no class was recorded (e.g. a functional op). */
+export function suspectName(s: { target: { module: string; class: string } }): string {
+  return s.target.class !== "" ? s.target.class : s.target.module;
+}
+
+/** "37.2× · from token 17": the ratio and, when there is one, the onset token. */
+export function formatSuspectDetail(s: Pick<SuspectLike, "error_ratio" | "onset_token">): string {
+  const parts = [`${formatRatio(s.error_ratio)}×`];
   if (s.onset_token !== null && s.onset_token !== undefined) {
     parts.push(`from token ${s.onset_token}`);
   }
   return parts.join(" · ");
+}
+
+/** "#1 Attention · 37.2× · from token 17"; the onset part is left out when there is no onset token. */
+export function formatSuspectLabel(s: SuspectLike): string {
+  return `#${s.rank} ${suspectName(s)} · ${formatSuspectDetail(s)}`;
+}
+
+/** The last path segment, for labels: "/a/b/attention.py" → "attention.py" (POSIX or Windows separators). */
+export function baseName(filePath: string): string {
+  return filePath.split(/[\\/]/).pop() ?? filePath;
+}
+
+/** "attention.py:229" (site-packages paths shortened to the part an engine developer recognises when `full`). */
+export function formatLocation(file: string, line: number | null | undefined, full = false): string {
+  let shown = baseName(file);
+  if (full) {
+    shown = file;
+    for (const marker of ["site-packages/", "dist-packages/"]) {
+      const i = file.indexOf(marker);
+      if (i >= 0) {
+        shown = file.slice(i + marker.length);
+        break;
+      }
+    }
+  }
+  return line !== null && line !== undefined ? `${shown}:${line}` : shown;
 }
 
 /** One line for the status bar: the verdict, and for a divergent run its top-ranked suspect. */

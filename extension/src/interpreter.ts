@@ -17,8 +17,10 @@ export function venvInterpreter(workspaceRoot: string, platform: string): string
 /**
  * Resolve the interpreter, first match wins:
  *  1. the `ekka.interpreter` setting, trimmed, with `${workspaceFolder}` replaced by the workspace root;
- *  2. `<root>/.venv/bin/python` (`<root>\.venv\Scripts\python.exe` on win32) when `exists` says it is there;
- *  3. `python3`.
+ *  2. the Python extension's active interpreter for the workspace (`fromPythonExtension`), when that extension
+ *     is installed and has one (there is no hard dependency on it);
+ *  3. `<root>/.venv/bin/python` (`<root>\.venv\Scripts\python.exe` on win32) when `exists` says it is there;
+ *  4. `python3`.
  * `exists` and `platform` are parameters so that every branch is testable on any host.
  */
 export function resolveInterpreter(
@@ -26,6 +28,7 @@ export function resolveInterpreter(
   workspaceRoot: string | undefined,
   exists: (p: string) => boolean,
   platform: string,
+  fromPythonExtension?: string,
 ): string {
   const configured = (setting ?? "").trim();
   if (configured !== "") {
@@ -37,6 +40,10 @@ export function resolveInterpreter(
     }
     return configured;
   }
+  const fromExtension = (fromPythonExtension ?? "").trim();
+  if (fromExtension !== "") {
+    return fromExtension;
+  }
   if (workspaceRoot !== undefined && workspaceRoot !== "") {
     const venv = venvInterpreter(workspaceRoot, platform);
     if (exists(venv)) {
@@ -46,14 +53,28 @@ export function resolveInterpreter(
   return FALLBACK_INTERPRETER;
 }
 
-/** How the language server process is launched (stdio transport): `<interpreter> -m server`, run in the workspace root. */
+/** Entry script of the server bundled in the .vsix, relative to the extension folder (scripts/bundle_python.py). */
+export const BUNDLED_ENTRY = ["bundled", "tool", "lsp_server.py"] as const;
+
+/** How the language server process is launched (stdio transport), run in the workspace root. */
 export interface ServerLaunch {
   command: string;
   args: string[];
   cwd: string | undefined;
+  /** "bundled": the server shipped in the extension; "workspace": `-m server` from the workspace (development). */
+  source: "bundled" | "workspace";
 }
 
-export function serverLaunch(interpreter: string, workspaceRoot: string | undefined): ServerLaunch {
+/**
+ * `<interpreter> <extension>/bundled/tool/lsp_server.py` when the extension carries the bundled server (a
+ * packaged .vsix: the server and its pure-Python dependencies, run by the user's interpreter); otherwise
+ * `<interpreter> -m server` in the workspace root (developing Ekka itself: the `server/` package at the root).
+ */
+export function serverLaunch(interpreter: string, workspaceRoot: string | undefined, bundledEntry?: string): ServerLaunch {
+  const cwd = workspaceRoot || undefined;
+  if (bundledEntry !== undefined && bundledEntry !== "") {
+    return { command: interpreter, args: [bundledEntry], cwd, source: "bundled" };
+  }
   // `python -m server` finds the package through the working directory, so cwd must be the workspace root.
-  return { command: interpreter, args: ["-m", SERVER_MODULE], cwd: workspaceRoot || undefined };
+  return { command: interpreter, args: ["-m", SERVER_MODULE], cwd, source: "workspace" };
 }

@@ -1,0 +1,97 @@
+// The "Silent errors" view: the ranked suspects of the latest report (nodes built by suspects.ts).
+import * as vscode from "vscode";
+import type { ReportUpdated } from "./protocol";
+import { type SourceLocation, type SuspectNode, suspectNodes, treeMessage } from "./suspects";
+
+/** Command (registered by the extension, hidden from the palette) that opens a source location. */
+export const OPEN_LOCATION_COMMAND = "ekka.openLocation";
+
+/** TreeItem for one node: suspects are collapsible (the first one expanded), clicking opens `node.location`. */
+export function toTreeItem(node: SuspectNode): vscode.TreeItem {
+  const collapsible =
+    node.children.length === 0
+      ? vscode.TreeItemCollapsibleState.None
+      : node.suspect?.rank === 1
+        ? vscode.TreeItemCollapsibleState.Expanded
+        : vscode.TreeItemCollapsibleState.Collapsed;
+  const item = new vscode.TreeItem(node.label, collapsible);
+  item.id = node.id;
+  item.description = node.description;
+  item.tooltip = node.tooltip;
+  item.contextValue = node.kind === "suspect" ? (node.suspect?.target.call_file ? "suspect.withCallSite" : "suspect") : node.kind;
+  item.accessibilityInformation = { label: node.ariaLabel };
+  item.iconPath =
+    node.icon === "error"
+      ? new vscode.ThemeIcon("error", new vscode.ThemeColor("list.errorForeground"))
+      : node.icon === "warning"
+        ? new vscode.ThemeIcon("warning", new vscode.ThemeColor("list.warningForeground"))
+        : new vscode.ThemeIcon(node.icon);
+  if (node.location !== undefined) {
+    item.resourceUri = vscode.Uri.file(node.location.file);
+    item.command = { command: OPEN_LOCATION_COMMAND, title: "Open source", arguments: [node.location] };
+  }
+  return item;
+}
+
+export class SuspectTreeProvider implements vscode.TreeDataProvider<SuspectNode>, vscode.Disposable {
+  private readonly emitter = new vscode.EventEmitter<SuspectNode | undefined>();
+  readonly onDidChangeTreeData = this.emitter.event;
+  private nodes: SuspectNode[] = [];
+  private current: ReportUpdated | undefined;
+
+  setReport(update: ReportUpdated | undefined): void {
+    this.current = update;
+    this.nodes = update === undefined ? [] : suspectNodes(update);
+    this.emitter.fire(undefined);
+  }
+
+  get report(): ReportUpdated | undefined {
+    return this.current;
+  }
+
+  get message(): string | undefined {
+    return treeMessage(this.current);
+  }
+
+  getTreeItem(node: SuspectNode): vscode.TreeItem {
+    return toTreeItem(node);
+  }
+
+  getChildren(node?: SuspectNode): SuspectNode[] {
+    return node === undefined ? this.nodes : node.children;
+  }
+
+  getParent(node: SuspectNode): SuspectNode | undefined {
+    return this.nodes.find((n) => n.children.includes(node));
+  }
+
+  dispose(): void {
+    this.emitter.dispose();
+  }
+}
+
+/** Opens `location` (1-based line) in an editor with the cursor on that line; a missing file is reported. */
+export async function openLocation(location: SourceLocation | undefined): Promise<boolean> {
+  if (location === undefined || typeof location.file !== "string") {
+    void vscode.window.showWarningMessage("Ekka: this suspect has no source location.");
+    return false;
+  }
+  const line = Math.max(0, location.line - 1);
+  const uri = vscode.Uri.file(location.file);
+  try {
+    const doc = await vscode.workspace.openTextDocument(uri);
+    const pos = new vscode.Position(line, 0);
+    const editor = await vscode.window.showTextDocument(doc, {
+      selection: new vscode.Range(pos, pos),
+      preview: false,
+    });
+    editor.revealRange(new vscode.Range(pos, pos), vscode.TextEditorRevealType.InCenterIfOutsideViewport);
+    return true;
+  } catch (err) {
+    void vscode.window.showWarningMessage(
+      `Ekka: cannot open ${location.file}:${location.line} (${err instanceof Error ? err.message : String(err)}). ` +
+        "Was the diagnosis run on another machine (ekka.executor)?",
+    );
+    return false;
+  }
+}
