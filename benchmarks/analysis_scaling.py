@@ -1,6 +1,6 @@
 """Analysis cost vs trace size: analysis time / time to read the traces once, and peak RSS as the trace grows.
 
-    .venv/bin/python benchmarks/analysis_scaling.py [--root /tmp/ekka-scaling] [--reps 3] [--fresh]
+    .venv/bin/python benchmarks/analysis_scaling.py [--root /tmp/ekka-scaling] [--reps 3] [--profile] [--fresh]
     .venv/bin/python benchmarks/analysis_scaling.py --dirs SMALL_OUT LARGE_OUT     # existing `ekka diagnose` outputs
 
 Step 1 (skipped when the outputs exist): two real diagnoses with ``ekka diagnose`` on the zoo's llama made larger
@@ -8,15 +8,18 @@ Step 1 (skipped when the outputs exist): two real diagnoses with ``ekka diagnose
 96 tokens long (4× the tokens, hence 4× the trace bytes). Only their traces
 (``OUT/traces/{target,reference,reference-fp32}``) are used below.
 
-Step 2, for each size, alternating, ``--reps`` times, each in a fresh child process (so ru_maxrss is its own):
-  read     open the 3 traces (``Trace``) and load every tensor of every call once (``Trace.tensor``): the floor
-           any analysis has to pay;
+Step 2, for each size, alternating, ``--reps`` times, each in a fresh child process:
+  read     open the 3 traces (``Trace``) and load every tensor of every call once (``Trace.tensor``), copied
+           to fp32 (``Trace.tensor`` itself is zero-copy: safetensors maps the shard, so without the copy nothing
+           would be read; fp32 because the analysis compares in fp32): the floor any analysis has to pay;
   analyse  the analysis stages only, in ``ekka_core.pipeline.diagnose``'s order, on the existing traces (no
-           capture): load + pre-flight, tree ×2, mapping, align (incl. the alignment proof), analysis, report;
-  import   imports the same modules and stops: the fixed RSS of the interpreter + torch, subtracted to show
-           what the data itself costs.
-Each child reports wall time, CPU time, peak RSS (``resource.getrusage`` maxrss) and how many tensor bytes it
-loaded through ``Trace.tensor`` (counted by wrapping it in the child; ekka_core is untouched).
+           capture): load + pre-flight, tree ×2, mapping, align (incl. the alignment proof), analysis, report.
+Each child imports the same modules, then resets its RSS high-water mark (``/proc/self/clear_refs`` = 5) and
+reports wall time, CPU time, peak RSS of the work (VmHWM — ``getrusage`` ru_maxrss cannot be used here: Linux
+folds the parent's RSS at fork/exec into a child's ru_maxrss), the RSS right after the imports, sampled peaks of
+anonymous and file-backed RSS (the shards are memory-mapped), and how many tensor bytes it loaded through
+``Trace.tensor`` (counted by wrapping it in the child; ekka_core is untouched). ``--profile`` adds a cProfile of
+the analysis stages on the large traces.
 
 Goals (issue): analysis ≤ 3× the read time; peak RSS flat (≤ 1.2×) when the trace grows 4×.
 """
@@ -77,9 +80,45 @@ ROLES = ("target", "reference", "reference-fp32")
 # child
 # --------------------------------------------------------------------------------------------------------------
 def _usage() -> tuple[float, float]:
+    """(CPU seconds, peak RSS MiB). The peak is VmHWM, the high-water mark of this process' own address space:
+    ru_maxrss would do, except that Linux folds the parent's RSS at fork/exec time into a child's ru_maxrss."""
     import resource
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime, r.ru_maxrss / 1024.0
+    return r.ru_utime + r.ru_stime, _status()["VmHWM"]
+
+
+def _status() -> dict[str, float]:
+    """VmRSS / VmHWM / RssAnon / RssFile of this process, MiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":", 1)[0]
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                out[key] = int(line.split()[1]) / 1024.0
+    return out
+
+
+class _RssSampler:
+    """Peak anonymous and file-backed (memory-mapped shards) RSS, sampled every 5 ms in a thread."""
+
+    def __init__(self) -> None:
+        import threading
+        self.peak = {"RssAnon": 0.0, "RssFile": 0.0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            st = _status()
+            for k in self.peak:
+                self.peak[k] = max(self.peak[k], st[k])
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        st = _status()
+        return {k: max(v, st[k]) for k, v in self.peak.items()}
 
 
 def child(mode: str, out: Path) -> None:
@@ -100,6 +139,10 @@ def child(mode: str, out: Path) -> None:
     trace_mod.Trace.tensor = tensor
     traces = out / "traces"
     stages: dict[str, float] = {}
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                      # reset VmHWM: the peak below is the work's, imports done
+    base = _status()["VmRSS"]
+    sampler = _RssSampler()
     w0, (c0, _) = time.perf_counter(), _usage()
 
     def stage(name: str, t: float) -> float:
@@ -108,13 +151,22 @@ def child(mode: str, out: Path) -> None:
         return now
 
     if mode == "read":
+        import torch
         for role in ROLES:
             tr = trace_mod.Trace(traces / role)
             for call in tr.calls:
                 for ref in call.inputs + call.outputs:
                     if isinstance(ref, trace_mod.TensorRef):
-                        tensor(tr, ref)
-    elif mode == "analyse":
+                        t = tensor(tr, ref)
+                        # Trace.tensor is zero-copy (safetensors maps the shard): copy to touch every byte,
+                        # as fp32 since that is what the analysis compares in.
+                        t.to(torch.float32 if t.is_floating_point() else t.dtype, copy=True)
+    elif mode in ("analyse", "profile"):
+        profiler = None
+        if mode == "profile":
+            import cProfile
+            profiler = cProfile.Profile()
+            profiler.enable()
         from ekka_core.align import Traces, align
         from ekka_core.analysis import analyse
         from ekka_core.capture import CaptureResult, load
@@ -150,9 +202,19 @@ def child(mode: str, out: Path) -> None:
         stage("report", t)
         stages["pairs"] = len(ranking.pairs)
         stages["verdict"] = ranking.verdict  # type: ignore[assignment]
+        if profiler is not None:
+            profiler.disable()
+            import io
+            import pstats
+            buf = io.StringIO()
+            pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(25)
+            stages["profile"] = buf.getvalue()  # type: ignore[assignment]
     wall = time.perf_counter() - w0
     cpu, rss = _usage()
+    peaks = sampler.stop()
     print("EKKA_RESULT " + json.dumps({"mode": mode, "wall": wall, "cpu": cpu - c0, "rss_mib": rss,
+                                       "base_mib": base, "anon_peak_mib": peaks["RssAnon"],
+                                       "file_peak_mib": peaks["RssFile"],
                                        "bytes": counted["bytes"], "tensors": counted["tensors"],
                                        "stages": stages}), flush=True)
 
@@ -199,6 +261,7 @@ def main() -> None:
     ap.add_argument("--dirs", type=Path, nargs=2, metavar=("SMALL", "LARGE"),
                     help="existing `ekka diagnose --out` directories to use instead of making them")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="also cProfile the analysis of the large traces")
     ap.add_argument("--fresh", action="store_true", help="re-capture the traces")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -217,15 +280,19 @@ def main() -> None:
     for out in sizes.values():   # warm the page cache once so neither mode pays the cold disk read
         for role in ROLES:
             for p in (out / "traces" / role).glob("*"):
-                p.read_bytes()
+                with open(p, "rb") as f:
+                    while f.read(64 << 20):
+                        pass
+    modes = ("read", "analyse")
     results: dict[tuple[str, str], list[dict]] = {}
     for rep in range(a.reps):
         for size, out in sizes.items():
-            for mode in ("import", "read", "analyse"):
+            for mode in modes:
                 r = run_child(mode, out)
                 results.setdefault((size, mode), []).append(r)
-                print(f"  rep {rep} {size:5s} {mode:7s} wall {r['wall']:7.3f} s  cpu {r['cpu']:7.3f} s  "
-                      f"peak RSS {r['rss_mib']:6.0f} MiB  loaded {r['bytes'] / 2**20:7.1f} MiB", flush=True)
+                print(f"  rep {rep} {size:5s} {mode:8s} wall {r['wall']:7.3f} s  cpu {r['cpu']:7.3f} s  "
+                      f"peak RSS {r['rss_mib']:6.0f} MiB (after imports {r['base_mib']:4.0f})  "
+                      f"loaded {r['bytes'] / 2**20:7.1f} MiB", flush=True)
 
     med = statistics.median
 
@@ -241,13 +308,15 @@ def main() -> None:
               f"{trace_bytes(out) / 2**20:.1f} MiB on disk, {an['stages']['pairs']} compared pairs, "
               f"verdict {an['stages']['verdict']}")
     print()
-    hdr = f"{'':7s}{'mode':9s}{'wall s':>9s}{'cpu s':>9s}{'peak RSS MiB':>14s}{'RSS - import':>14s}{'loaded MiB':>12s}"
-    print(hdr)
+    print("medians; peak = VmHWM reset after imports; 'work' = peak - RSS after imports; anon/file = sampled peaks of")
+    print("RssAnon (heap) and RssFile (incl. memory-mapped shards)")
+    print(f"{'':6s}{'mode':9s}{'wall s':>8s}{'cpu s':>8s}{'peak MiB':>10s}{'work MiB':>10s}{'anon MiB':>10s}"
+          f"{'file MiB':>10s}{'loaded MiB':>12s}")
     for size in sizes:
-        base = m(size, "import", "rss_mib")
-        for mode in ("import", "read", "analyse"):
-            print(f"{size:7s}{mode:9s}{m(size, mode, 'wall'):9.3f}{m(size, mode, 'cpu'):9.3f}"
-                  f"{m(size, mode, 'rss_mib'):14.0f}{m(size, mode, 'rss_mib') - base:14.0f}"
+        for mode in modes:
+            print(f"{size:6s}{mode:9s}{m(size, mode, 'wall'):8.2f}{m(size, mode, 'cpu'):8.2f}"
+                  f"{m(size, mode, 'rss_mib'):10.0f}{m(size, mode, 'rss_mib') - m(size, mode, 'base_mib'):10.0f}"
+                  f"{m(size, mode, 'anon_peak_mib'):10.0f}{m(size, mode, 'file_peak_mib'):10.0f}"
                   f"{m(size, mode, 'bytes') / 2**20:12.1f}")
     print()
     print("analysis stages (median wall s):")
@@ -257,18 +326,23 @@ def main() -> None:
             f"{n} {med([r['stages'][n] for r in results[(size, 'analyse')]]):.3f}" for n in names))
     print()
     for size in sizes:
-        ratio = m(size, "analyse", "wall") / m(size, "read", "wall")
-        cpu_ratio = m(size, "analyse", "cpu") / m(size, "read", "cpu")
         loaded = m(size, "analyse", "bytes") / max(m(size, "read", "bytes"), 1)
-        print(f"{size:6s} analysis / read once: wall {ratio:.2f}x, CPU {cpu_ratio:.2f}x (goal <= 3x); analysis loads "
-              f"{loaded:.2f}x the trace bytes")
+        print(f"{size:6s} analysis / read once: wall {m(size, 'analyse', 'wall') / m(size, 'read', 'wall'):.1f}x "
+              f"(CPU {m(size, 'analyse', 'cpu') / m(size, 'read', 'cpu'):.1f}x; goal <= 3x); analysis loads "
+              f"{loaded:.2f}x the trace's tensor bytes")
     grow = trace_bytes(large) / trace_bytes(small)
-    for mode in ("read", "analyse"):
+    print(f"trace bytes large / small: {grow:.2f}x; analysis time large / small: "
+          f"{m('large', 'analyse', 'wall') / m('small', 'analyse', 'wall'):.2f}x")
+    for mode in modes:
         r = m("large", mode, "rss_mib") / m("small", mode, "rss_mib")
-        d_small = m("small", mode, "rss_mib") - m("small", "import", "rss_mib")
-        d_large = m("large", mode, "rss_mib") - m("large", "import", "rss_mib")
-        print(f"peak RSS large / small ({mode:7s}): {r:.2f}x (goal <= 1.2x) with trace bytes {grow:.2f}x; "
-              f"above the import baseline {d_small:.0f} -> {d_large:.0f} MiB ({d_large / max(d_small, 1):.2f}x)")
+        ws = m("small", mode, "rss_mib") - m("small", mode, "base_mib")
+        wl = m("large", mode, "rss_mib") - m("large", mode, "base_mib")
+        print(f"peak RSS large / small ({mode:8s}): {r:.2f}x (goal <= 1.2x); above the imports "
+              f"{ws:.0f} -> {wl:.0f} MiB ({wl / max(ws, 1):.2f}x)")
+    if a.profile:
+        r = run_child("profile", large)
+        print("\ncProfile of the analysis stages on the large traces (own time):")
+        print(r["stages"]["profile"])
 
 
 if __name__ == "__main__":

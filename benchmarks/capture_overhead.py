@@ -11,12 +11,14 @@ Each of ``--runs`` child processes (VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_CPU_K
 ``ekka_core.capture.vllm_runner.engine_args``, so the engine runs in the child and ru_maxrss is the engine's):
 
   1. warms up with one untraced ``llm.generate``;
-  2. times an untraced ``generate`` (U0), then reads ru_maxrss: the peak before anything was traced;
+  2. times an untraced ``generate`` (U0); peak RSS of that untraced generation (VmHWM, reset after the engine
+     was built with /proc/self/clear_refs);
   3. ``--reps`` times: start tracing exactly as ``vllm_runner.run`` does
      (``collective_rpc("ekka_trace_control", ("start", dir, run_info))``), time ``generate`` (T_k), close it the
      same way (``("close", …)``: last shard + index.json written; timed separately), then time an untraced
      ``generate`` (U_k+1);
-  4. reads ru_maxrss again: the peak with tracing.
+  4. reads VmHWM again (reset after step 2): the peak of the traced phase. ru_maxrss (whole process, engine
+     start-up included) is printed too.
 
 Each traced run is compared with the untraced runs just before and after it, ratio_k = T_k / mean(U_k, U_k+1),
 so drift from other load on the machine cancels; the medians over all pairs are printed, in wall time and in
@@ -52,8 +54,20 @@ TEXT = ("The quick brown fox jumps over the lazy dog. A serving engine answers a
 # child
 # --------------------------------------------------------------------------------------------------------------
 def _maxrss_mib() -> float:
+    """Whole-process peak (ru_maxrss; Linux folds the parent's RSS at fork/exec into it — the parent is small)."""
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # Linux: KiB
+
+
+def _hwm_mib() -> float:
+    """Peak RSS since the last :func:`_hwm_reset` (VmHWM)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024.0
+
+
+def _hwm_reset() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def _patch(variant: str) -> None:
@@ -163,9 +177,12 @@ def child(cfg: dict) -> None:
                 "shards": len(shards), "index_bytes": index.stat().st_size if index.exists() else 0,
                 "calls": stats[0]["calls"], "steps": stats[0]["steps"]}
 
+    rss_engine = _maxrss_mib()                        # engine built (weights loaded, KV cache allocated)
+    _hwm_reset()
     untraced()                                        # warm-up, untraced
     runs_u = [untraced()]
-    rss_untraced = _maxrss_mib()                      # peak before anything was ever traced
+    rss_untraced = _hwm_mib()                         # peak of untraced generation, nothing traced yet
+    _hwm_reset()
     runs_t = []
     profiler = None
     if variant == "cprofile":
@@ -175,7 +192,8 @@ def child(cfg: dict) -> None:
         runs_t.append(traced(Path(cfg["out_dir"]) / f"rep-{k}", profiler))
         runs_u.append(untraced())
     result = {"variant": variant, "untraced": runs_u, "traced": runs_t, "rss_untraced_mib": rss_untraced,
-              "rss_traced_mib": _maxrss_mib(), "torch_threads": _threads()}
+              "rss_traced_mib": _hwm_mib(), "rss_engine_mib": rss_engine, "rss_process_mib": _maxrss_mib(),
+              "torch_threads": _threads()}
     if profiler is not None:
         result["categories"] = _categorise(profiler)
         import io
@@ -254,8 +272,9 @@ def main() -> None:
             print(f"  process {k} rep {j}: untraced {x['u']:.3f} s  traced {x['t']:.3f} s (+close {x['close']:.3f} s)"
                   f"  wall {x['wall']:.2f}x (incl. start/close {x['wall_close']:.2f}x)  CPU-time {x['cpu']:.2f}x",
                   flush=True)
-        print(f"  process {k}: peak RSS untraced {r['rss_untraced_mib']:.0f} MiB, after tracing "
-              f"{r['rss_traced_mib']:.0f} MiB", flush=True)
+        print(f"  process {k}: peak RSS untraced generate {r['rss_untraced_mib']:.0f} MiB, traced phase "
+              f"{r['rss_traced_mib']:.0f} MiB (engine built {r['rss_engine_mib']:.0f} MiB, whole process "
+              f"ru_maxrss {r['rss_process_mib']:.0f} MiB)", flush=True)
 
     med = statistics.median
     t0 = results[0]["traced"][0]
@@ -279,7 +298,8 @@ def main() -> None:
           f"({t0['shard_bytes'] / 2**20:.1f} MiB in {t0['shards']} shard(s) for {t0['tokens']} tokens; "
           f"index.json {t0['index_bytes'] / 1024:.0f} KiB)")
     ru, rt = med([r["rss_untraced_mib"] for r in results]), med([r["rss_traced_mib"] for r in results])
-    print(f"peak RSS untraced / traced           {ru:.0f} MiB / {rt:.0f} MiB  ({rt / ru:.2f}x)")
+    print(f"peak RSS untraced / traced           {ru:.0f} MiB / {rt:.0f} MiB  ({rt / ru:.2f}x; whole process "
+          f"ru_maxrss {med([r['rss_process_mib'] for r in results]):.0f} MiB)")
 
     if a.profile:
         print("\nwhere the traced time goes (one process each; ratios against the same process' untraced runs):")

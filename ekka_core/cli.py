@@ -38,6 +38,18 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--fresh", action="store_true", help="re-capture even if traces for these inputs exist")
     d.add_argument("--inject-bug", default=None, help=argparse.SUPPRESS)
+    r = d.add_argument_group("remote execution (capture and analysis on a GPU host; only the report comes back)")
+    r.add_argument("--executor", default=None, metavar="ssh://[user@]host[:port]",
+                   help="run on that host over SSH (your keys / ssh-agent, known_hosts verified); --model is a "
+                        "path on that host")
+    r.add_argument("--remote-python", default=None, metavar="PATH",
+                   help="interpreter on the host with torch and vLLM (default: python3)")
+    r.add_argument("--remote-workdir", default=None, metavar="DIR",
+                   help="where the engine code and traces live on the host (default: ~/.cache/ekka-remote)")
+    r.add_argument("--known-hosts", type=Path, default=None, metavar="FILE",
+                   help="known_hosts file (default: ~/.ssh/known_hosts)")
+    r.add_argument("--identity", "-i", type=Path, action="append", default=None, metavar="KEY",
+                   help="private key to use instead of ssh-agent and ~/.ssh/id_* (repeatable)")
 
     demo = sub.add_parser("demo", help="diagnose a tiny Gemma 3 with vLLM's sliding-window bug re-injected")
     demo.add_argument("--out", type=Path, default=Path("ekka-out/demo"))
@@ -118,7 +130,7 @@ def _import_repro(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spec_from_args(args: argparse.Namespace):
+def _spec_from_args(args: argparse.Namespace, *, local: bool = True):
     from ekka_core.spec import DiagnosisSpec
 
     if args.spec:
@@ -136,13 +148,21 @@ def _spec_from_args(args: argparse.Namespace):
             setattr(spec, attr, value)
     if args.prompt and args.spec:
         spec.prompts = list(args.prompt)
-    return spec.validate()
+    # With --executor the model path is a path on that host: the remote run validates the spec there.
+    return spec.validate() if local else spec
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    spec = _spec_from_args(args)
+    remote_only = ("remote_python", "remote_workdir", "known_hosts", "identity")
+    if not args.executor and any(getattr(args, a) is not None for a in remote_only):
+        raise BadInput("--remote-python, --remote-workdir, --known-hosts and --identity need --executor",
+                       fix="add --executor ssh://[user@]host[:port]")
+    if args.executor:
+        from ekka_core.remote import parse_host_url
+        parse_host_url(args.executor)                       # a bad URL is bad input before anything starts
+    spec = _spec_from_args(args, local=not args.executor)
     env = {"EKKA_INJECT_BUG": args.inject_bug} if args.inject_bug else None
-    return _run(spec, args.out, args.fresh, env)
+    return _run(spec, args.out, args.fresh, env, remote=args if args.executor else None)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -196,7 +216,8 @@ def _bench(args: argparse.Namespace) -> int:
     return 0 if all(c["passed_at_3"] for c in cases) else 1
 
 
-def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None) -> int:
+def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None,
+         remote: argparse.Namespace | None = None) -> int:
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -210,7 +231,16 @@ def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None) -> int:
         def progress(stage: str, msg: str) -> None:
             bar.update(task, completed=STAGES.index(stage), description=msg, stage=stage)
 
-        result = diagnose(spec, out, fresh=fresh, progress=progress, env=env)
+        if remote is None:
+            result = diagnose(spec, out, fresh=fresh, progress=progress, env=env)
+        else:
+            from ekka_core.remote import DEFAULT_REMOTE_PYTHON, DEFAULT_REMOTE_WORKDIR, run_remote_diagnosis
+
+            # Ctrl-C kills the remote run's process group before KeyboardInterrupt reaches main().
+            result = run_remote_diagnosis(
+                spec, remote.executor, remote_python=remote.remote_python or DEFAULT_REMOTE_PYTHON,
+                remote_workdir=remote.remote_workdir or DEFAULT_REMOTE_WORKDIR, out_dir_local=out, fresh=fresh,
+                progress=progress, env=env, known_hosts=remote.known_hosts, client_keys=remote.identity)
         bar.update(task, completed=len(STAGES), description="done", stage="")
     _print_report(result.report, result.paths)
     return EXIT[result.report["verdict"]]

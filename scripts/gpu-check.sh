@@ -111,9 +111,9 @@ else
 fi
 
 # Ekka itself: its light dependencies, and the vllm.general_plugins entry point (bug injection and tracing live in
-# Ekka's vLLM plugin). Installed (editable) → as is; otherwise the engine zip of ekka_core.remote.bundle on
-# PYTHONPATH, which carries the entry point in its dist-info — no pip needed.
-light="safetensors ruptures libcst rich numpy tokenizers"
+# Ekka's vLLM plugin). Installed (editable) → as is; otherwise the engine bundle of ekka_core.remote.bundle,
+# extracted and put on PYTHONPATH: its dist-info carries the entry point — no pip needed.
+light="safetensors ruptures libcst rich numpy tokenizers transformers"
 missing=""
 for m in $light; do has "$py" "$m" || missing="$missing $m"; done
 t0="$(now)"
@@ -126,9 +126,10 @@ missing=""
 for m in $light; do has "$py" "$m" || missing="$missing $m"; done
 if ! "$py" -c 'from importlib.metadata import entry_points as e; import sys
 sys.exit(0 if any(x.name == "ekka" for x in e(group="vllm.general_plugins")) else 1)' >/dev/null 2>&1; then
-  PYTHONPATH="$root" "$py" -c 'from ekka_core.remote.bundle import build_bundle; import sys
-open(sys.argv[1], "wb").write(build_bundle().data)' "$out/ekka-engine.zip" >> "$out/install-ekka-deps.log" 2>&1
-  export PYTHONPATH="$out/ekka-engine.zip${PYTHONPATH:+:$PYTHONPATH}"
+  rm -rf "$out/ekka-engine"
+  PYTHONPATH="$root" "$py" -c 'from ekka_core.remote.bundle import build_bundle; import io, sys, zipfile
+zipfile.ZipFile(io.BytesIO(build_bundle().data)).extractall(sys.argv[1])' "$out/ekka-engine" >> "$out/install-ekka-deps.log" 2>&1
+  export PYTHONPATH="$out/ekka-engine${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if [ -z "$missing" ] && "$py" -c 'import ekka_core.pipeline' >> "$out/install-ekka-deps.log" 2>&1; then
   record install-ekka PASS "$(elapsed "$t0")" "ekka_core from $("$py" -c 'import ekka_core; print(ekka_core.__file__)' 2>/dev/null)"

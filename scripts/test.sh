@@ -9,6 +9,8 @@ cd "$root"
 say() { printf '[test] %s\n' "$*" >&2; }
 
 bash scripts/setup.sh || { say "setup failed (exit $?): no tests were run"; exit 2; }
+# System services the tests start themselves: a real OpenSSH server (remote execution tests).
+bash scripts/install-sshd.sh || { say "could not install openssh-server: no tests were run"; exit 2; }
 
 start=$SECONDS
 .venv/bin/python -m pytest -q "$@"

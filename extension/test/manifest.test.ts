@@ -31,7 +31,12 @@ test("activates on Python files and on workspaces with *.ekka.toml specs", () =>
 
 test("ekka.diagnose is titled and categorised as specified", () => {
   const diagnose = manifest.contributes.commands.find((c: { command: string }) => c.command === "ekka.diagnose");
-  assert.deepEqual(diagnose, { command: "ekka.diagnose", title: "Diagnose silent error", category: "Ekka" });
+  assert.deepEqual(diagnose, {
+    command: "ekka.diagnose",
+    title: "Diagnose silent error",
+    category: "Ekka",
+    icon: "$(debug-start)",
+  });
   for (const c of manifest.contributes.commands) {
     assert.equal(c.category, "Ekka", `${c.command} is in the Ekka category`);
   }
@@ -71,4 +76,57 @@ test("settings: interpreter, target.default (vllm|sglang), executor (local | ssh
   assert.ok(!pattern.test("ssh://"));
   assert.ok(!pattern.test("remote"));
   assert.ok(!pattern.test(""));
+});
+
+const commandTitle = (id: string) =>
+  manifest.contributes.commands.find((c: { command: string }) => c.command === id) as
+    | { command: string; title: string; category: string }
+    | undefined;
+
+test("palette titles: Ekka: Show divergence, Ekka: Set Anthropic API key, Ekka: Cancel diagnosis", () => {
+  assert.equal(`${commandTitle("ekka.showDivergence")?.category}: ${commandTitle("ekka.showDivergence")?.title}`, "Ekka: Show divergence");
+  assert.equal(`${commandTitle("ekka.setApiKey")?.category}: ${commandTitle("ekka.setApiKey")?.title}`, "Ekka: Set Anthropic API key");
+  assert.equal(commandTitle("ekka.cancel")?.title, "Cancel diagnosis");
+});
+
+test("internal commands are hidden from the palette", () => {
+  const hidden = manifest.contributes.menus.commandPalette
+    .filter((e: { when: string }) => e.when === "false")
+    .map((e: { command: string }) => e.command)
+    .sort();
+  assert.deepEqual(hidden, ["ekka.openCallSite", "ekka.openLocation"]);
+});
+
+test("a 'Silent errors' view in an Ekka activity bar container, with a welcome that offers the diagnosis", () => {
+  const container = manifest.contributes.viewsContainers.activitybar.find((c: { id: string }) => c.id === "ekka");
+  assert.ok(container, "activity bar container ekka");
+  assert.ok(fs.existsSync(path.join(extensionDir, container.icon)), `icon ${container.icon} exists`);
+  const views = manifest.contributes.views.ekka;
+  assert.deepEqual(
+    views.map((v: { id: string; name: string }) => [v.id, v.name]),
+    [["ekka.suspects", "Silent errors"]],
+  );
+  const welcome = manifest.contributes.viewsWelcome.find((w: { view: string }) => w.view === "ekka.suspects");
+  assert.match(welcome.contents, /\(command:ekka\.diagnose\)/);
+});
+
+test("suspect rows offer Show divergence and (with a call site) Open call site", () => {
+  const item = manifest.contributes.menus["view/item/context"] as { command: string; when: string; group: string }[];
+  assert.ok(item.some((e) => e.command === "ekka.showDivergence" && /viewItem =~ \/\^suspect\//.test(e.when)));
+  assert.ok(item.some((e) => e.command === "ekka.openCallSite" && e.when.includes("viewItem == suspect.withCallSite")));
+});
+
+test("no setting holds a secret: the Anthropic key lives in SecretStorage", () => {
+  const keys = Object.keys(manifest.contributes.configuration.properties);
+  assert.deepEqual(keys.filter((k) => /key|token|secret|anthropic/i.test(k)), []);
+});
+
+test("packaging: the .vsix carries dist/ and bundled/ but no sources, tests or node_modules", () => {
+  const ignore = fs.readFileSync(path.join(extensionDir, ".vscodeignore"), "utf8").split("\n");
+  for (const pattern of ["src/**", "test/**", "node_modules/**", "scripts/**", "python/**"]) {
+    assert.ok(ignore.includes(pattern), pattern);
+  }
+  assert.ok(!ignore.some((l) => l.startsWith("bundled") || l.startsWith("dist")), "bundled/ and dist/ are packaged");
+  assert.match(manifest.scripts.package, /vsce package --no-dependencies/);
+  assert.match(manifest.scripts.package, /bundle-python/);
 });

@@ -32,11 +32,14 @@ export const behavior: {
   /** What sendRequest() resolves to, or the error it rejects with. */
   requestResult: unknown;
   requestError: Error | undefined;
+  /** When set, answers each request instead of requestResult/requestError (may throw). */
+  requestHandler: ((method: string, params: unknown) => unknown) | undefined;
 } = {
   constructError: undefined,
   startError: undefined,
   requestResult: undefined,
   requestError: undefined,
+  requestHandler: undefined,
 };
 
 export class LanguageClient {
@@ -47,6 +50,7 @@ export class LanguageClient {
   readonly requests: { method: string; params: unknown }[] = [];
   diagnosticsCleared = 0;
   readonly diagnostics = { clear: () => void this.diagnosticsCleared++ };
+  readonly features: unknown[] = [];
 
   constructor(
     readonly id: string,
@@ -63,6 +67,10 @@ export class LanguageClient {
       throw behavior.constructError;
     }
     LanguageClient.instances.push(this);
+  }
+
+  registerFeature(feature: unknown): void {
+    this.features.push(feature);
   }
 
   onNotification(method: string, handler: (params: unknown) => void): { dispose(): void } {
@@ -96,6 +104,9 @@ export class LanguageClient {
       throw new Error("Client is not running");
     }
     this.requests.push({ method, params });
+    if (behavior.requestHandler !== undefined) {
+      return behavior.requestHandler(method, params);
+    }
     if (behavior.requestError !== undefined) {
       throw behavior.requestError;
     }
@@ -118,4 +129,5 @@ export function resetLanguageClientMock(): void {
   behavior.startError = undefined;
   behavior.requestResult = undefined;
   behavior.requestError = undefined;
+  behavior.requestHandler = undefined;
 }

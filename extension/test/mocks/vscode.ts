@@ -38,6 +38,138 @@ export class Uri {
   }
 }
 
+export class EventEmitter<T> {
+  private listeners: Listener<T>[] = [];
+  readonly event = (listener: Listener<T>): Disposable => {
+    this.listeners.push(listener);
+    return new Disposable(() => {
+      this.listeners = this.listeners.filter((l) => l !== listener);
+    });
+  };
+  fire(e: T): void {
+    for (const l of [...this.listeners]) l(e);
+  }
+  dispose(): void {
+    this.listeners = [];
+  }
+  get listenerCount(): number {
+    return this.listeners.length;
+  }
+}
+
+export class Position {
+  constructor(
+    readonly line: number,
+    readonly character: number,
+  ) {}
+}
+
+export class Range {
+  constructor(
+    readonly start: Position,
+    readonly end: Position,
+  ) {}
+}
+
+export enum TreeItemCollapsibleState {
+  None = 0,
+  Collapsed = 1,
+  Expanded = 2,
+}
+
+export class ThemeColor {
+  constructor(readonly id: string) {}
+}
+
+export class ThemeIcon {
+  constructor(
+    readonly id: string,
+    readonly color?: ThemeColor,
+  ) {}
+}
+
+export class TreeItem {
+  id?: string;
+  description?: string;
+  tooltip?: string;
+  contextValue?: string;
+  iconPath?: ThemeIcon;
+  resourceUri?: Uri;
+  command?: { command: string; title: string; arguments?: unknown[] };
+  accessibilityInformation?: { label: string };
+  constructor(
+    readonly label: string,
+    readonly collapsibleState: TreeItemCollapsibleState = TreeItemCollapsibleState.None,
+  ) {}
+}
+
+export enum ProgressLocation {
+  SourceControl = 1,
+  Window = 10,
+  Notification = 15,
+}
+
+export enum ViewColumn {
+  Active = -1,
+  Beside = -2,
+  One = 1,
+}
+
+export enum TextEditorRevealType {
+  Default = 0,
+  InCenter = 1,
+  InCenterIfOutsideViewport = 2,
+  AtTop = 3,
+}
+
+/** A cancellation token the test can trigger (the notification's Cancel button). */
+export class MockCancellationToken {
+  isCancellationRequested = false;
+  private readonly emitter = new EventEmitter<void>();
+  readonly onCancellationRequested = this.emitter.event;
+  cancel(): void {
+    this.isCancellationRequested = true;
+    this.emitter.fire();
+  }
+}
+
+export interface MockProgress {
+  options: { location: ProgressLocation; title?: string; cancellable?: boolean };
+  reports: { message?: string; increment?: number }[];
+  token: MockCancellationToken;
+  done: boolean;
+  result: Promise<unknown>;
+}
+
+export interface MockWebviewPanel {
+  viewType: string;
+  title: string;
+  showOptions: unknown;
+  options: Record<string, unknown>;
+  webview: {
+    html: string;
+    cspSource: string;
+    options: Record<string, unknown>;
+    onDidReceiveMessage(l: Listener<unknown>): Disposable;
+    /** Test helper: a message from the page's script. */
+    receive(msg: unknown): void;
+  };
+  revealed: number;
+  disposed: boolean;
+  reveal(): void;
+  onDidDispose(l: Listener<void>): Disposable;
+  dispose(): void;
+}
+
+export interface MockTreeView {
+  id: string;
+  options: { treeDataProvider: unknown; showCollapseAll?: boolean };
+  message: string | undefined;
+  badge: { value: number; tooltip: string } | undefined;
+  disposed: boolean;
+  dispose(): void;
+}
+
 export enum StatusBarAlignment {
   Left = 1,
   Right = 2,
@@ -64,6 +196,24 @@ export interface MockStatusBarItem {
 
 export interface MockState {
   commands: Map<string, (...args: unknown[]) => unknown>;
+  /** Every commands.executeCommand call (setContext included). */
+  executed: { id: string; args: unknown[] }[];
+  /** Context keys set with setContext. */
+  contexts: Map<string, unknown>;
+  progress: MockProgress[];
+  treeViews: MockTreeView[];
+  panels: MockWebviewPanel[];
+  /** Documents opened and editors shown (showTextDocument). */
+  shownDocuments: { path: string; line: number | undefined; preview: boolean | undefined }[];
+  /** Paths openTextDocument refuses (as for a file that does not exist). */
+  missingFiles: Set<string>;
+  /** What the next showInputBox resolves to, and the options it was called with. */
+  inputBoxAnswer: string | undefined;
+  inputBoxes: Record<string, unknown>[];
+  /** Answer of showWarningMessage/showInformationMessage when given items (a button's title). */
+  messageAnswer: string | undefined;
+  /** Installed extensions by id (extensions.getExtension). */
+  extensions: Map<string, { isActive: boolean; exports: unknown; activate(): Promise<unknown> }>;
   outputChannels: MockOutputChannel[];
   statusBarItems: MockStatusBarItem[];
   messages: { level: "info" | "warning" | "error"; text: string }[];
@@ -74,6 +224,17 @@ export interface MockState {
 
 export const mock: MockState = {
   commands: new Map(),
+  executed: [],
+  contexts: new Map(),
+  progress: [],
+  treeViews: [],
+  panels: [],
+  shownDocuments: [],
+  missingFiles: new Set(),
+  inputBoxAnswer: undefined,
+  inputBoxes: [],
+  messageAnswer: undefined,
+  extensions: new Map(),
   outputChannels: [],
   statusBarItems: [],
   messages: [],
@@ -135,10 +296,96 @@ function createStatusBarItem(alignment: StatusBarAlignment = StatusBarAlignment.
 }
 
 function message(level: "info" | "warning" | "error") {
-  return (text: string): Promise<undefined> => {
+  return (text: string, ...items: unknown[]): Promise<string | undefined> => {
     mock.messages.push({ level, text });
-    return Promise.resolve(undefined);
+    const titles = items.filter((i): i is string => typeof i === "string");
+    return Promise.resolve(mock.messageAnswer !== undefined && titles.includes(mock.messageAnswer) ? mock.messageAnswer : undefined);
   };
+}
+
+function withProgress<R>(
+  options: MockProgress["options"],
+  task: (progress: { report(v: { message?: string; increment?: number }) : void }, token: MockCancellationToken) => Thenable<R>,
+): Thenable<R> {
+  const token = new MockCancellationToken();
+  const entry: MockProgress = { options, reports: [], token, done: false, result: Promise.resolve() };
+  mock.progress.push(entry);
+  const result = Promise.resolve(task({ report: (v) => void entry.reports.push(v) }, token)).finally(() => {
+    entry.done = true;
+  });
+  entry.result = result;
+  return result;
+}
+
+function createTreeView(id: string, options: MockTreeView["options"]): MockTreeView {
+  const view: MockTreeView = {
+    id,
+    options,
+    message: undefined,
+    badge: undefined,
+    disposed: false,
+    dispose() {
+      view.disposed = true;
+    },
+  };
+  mock.treeViews.push(view);
+  return view;
+}
+
+function createWebviewPanel(viewType: string, title: string, showOptions: unknown, options: Record<string, unknown>) {
+  const messageListeners: Listener<unknown>[] = [];
+  const disposeListeners: Listener<void>[] = [];
+  const panel: MockWebviewPanel = {
+    viewType,
+    title,
+    showOptions,
+    options,
+    webview: {
+      html: "",
+      cspSource: "https://mock.vscode-cdn.net",
+      options,
+      onDidReceiveMessage(l) {
+        messageListeners.push(l);
+        return new Disposable();
+      },
+      receive(msg) {
+        for (const l of messageListeners) l(msg);
+      },
+    },
+    revealed: 0,
+    disposed: false,
+    reveal() {
+      panel.revealed++;
+    },
+    onDidDispose(l) {
+      disposeListeners.push(l);
+      return new Disposable();
+    },
+    dispose() {
+      if (panel.disposed) return;
+      panel.disposed = true;
+      for (const l of disposeListeners) l();
+    },
+  };
+  mock.panels.push(panel);
+  return panel;
+}
+
+async function openTextDocument(uri: Uri) {
+  if (mock.missingFiles.has(uri.fsPath)) {
+    throw new Error(`cannot open ${uri.toString()}. Detail: Unable to read file (EntryNotFound)`);
+  }
+  return { uri };
+}
+
+async function showTextDocument(doc: { uri: Uri }, options?: { selection?: Range; preview?: boolean }) {
+  mock.shownDocuments.push({ path: doc.uri.fsPath, line: options?.selection?.start.line, preview: options?.preview });
+  return { document: doc, revealRange: () => undefined };
+}
+
+async function showInputBox(options: Record<string, unknown>): Promise<string | undefined> {
+  mock.inputBoxes.push(options);
+  return mock.inputBoxAnswer;
 }
 
 export const window: {
@@ -151,6 +398,11 @@ export const window: {
   showInformationMessage: message("info"),
   showWarningMessage: message("warning"),
   showErrorMessage: message("error"),
+  withProgress,
+  createTreeView,
+  createWebviewPanel,
+  showTextDocument,
+  showInputBox,
 };
 
 export const commands = {
@@ -163,6 +415,11 @@ export const commands = {
     return new Disposable(() => mock.commands.delete(id));
   },
   executeCommand(id: string, ...args: unknown[]): Promise<unknown> {
+    mock.executed.push({ id, args });
+    if (id === "setContext") {
+      mock.contexts.set(String(args[0]), args[1]);
+      return Promise.resolve(undefined);
+    }
     const handler = mock.commands.get(id);
     if (handler === undefined) {
       return Promise.reject(new Error(`command '${id}' not found`));
@@ -176,6 +433,7 @@ export const workspace: {
   [key: string]: unknown;
 } = {
   workspaceFolders: undefined,
+  openTextDocument,
   getConfiguration(section?: string) {
     const prefix = section ? `${section}.` : "";
     const lookup = (key: string): unknown => {
@@ -212,8 +470,39 @@ export function changeSettings(changes: Record<string, unknown>): void {
   }
 }
 
+export const extensions = {
+  getExtension(id: string) {
+    return mock.extensions.get(id);
+  },
+};
+
+/** SecretStorage in memory (ExtensionContext.secrets). */
+export class MockSecretStorage {
+  readonly values = new Map<string, string>();
+  async get(key: string): Promise<string | undefined> {
+    return this.values.get(key);
+  }
+  async store(key: string, value: string): Promise<void> {
+    this.values.set(key, value);
+  }
+  async delete(key: string): Promise<void> {
+    this.values.delete(key);
+  }
+}
+
 export function resetVscodeMock(): void {
   mock.commands.clear();
+  mock.executed.length = 0;
+  mock.contexts.clear();
+  mock.progress.length = 0;
+  mock.treeViews.length = 0;
+  mock.panels.length = 0;
+  mock.shownDocuments.length = 0;
+  mock.missingFiles.clear();
+  mock.inputBoxAnswer = undefined;
+  mock.inputBoxes.length = 0;
+  mock.messageAnswer = undefined;
+  mock.extensions.clear();
   mock.outputChannels.length = 0;
   mock.statusBarItems.length = 0;
   mock.messages.length = 0;
@@ -226,9 +515,20 @@ export function resetVscodeMock(): void {
 /** The object handed out for require("vscode"). */
 export const vscodeModule = {
   Disposable,
+  EventEmitter,
   Uri,
+  Position,
+  Range,
+  ThemeColor,
+  ThemeIcon,
+  TreeItem,
+  TreeItemCollapsibleState,
+  ProgressLocation,
+  ViewColumn,
+  TextEditorRevealType,
   StatusBarAlignment,
   window,
   commands,
   workspace,
+  extensions,
 };
