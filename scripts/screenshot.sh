@@ -36,9 +36,17 @@ fi
 [ -f "$report" ] || { echo "no report at $report" >&2; exit 2; }
 
 mkdir -p "$(dirname "$out")"
+rm -f "$out"
 profile="$(mktemp -d)"
-trap 'rm -rf "$profile"' EXIT
-chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+log="$(mktemp)"
+trap 'rm -rf "$profile" "$log"' EXIT
+# chromium logs D-Bus noise on a headless box; show its log only when it fails.
+if ! chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
   --disable-component-update --disable-sync --hide-scrollbars --user-data-dir="$profile" \
-  --window-size=1280,1400 --screenshot="$(realpath -m "$out")" "file://$(realpath "$report")"
+  --window-size=1280,1400 --screenshot="$(realpath -m "$out")" "file://$(realpath "$report")" >"$log" 2>&1 \
+  || [ ! -s "$out" ]; then
+  cat "$log" >&2
+  echo "chromium could not take the screenshot" >&2
+  exit 3
+fi
 echo "wrote $out"

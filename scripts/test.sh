@@ -26,6 +26,11 @@ esac
 start=$SECONDS
 npm test
 npm_rc=$?
+# End-to-end in real VS Code (code-server in headless Chromium); scripts/e2e-setup.sh installs what it needs.
+if [ "$npm_rc" -eq 0 ]; then
+  bash scripts/e2e-setup.sh && npm run test:e2e
+  npm_rc=$?
+fi
 npm_s=$((SECONDS - start))
 if [ "$npm_rc" -eq 0 ]; then npm_status="passed"; else npm_status="FAILED (exit $npm_rc)"; fi
 

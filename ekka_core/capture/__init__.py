@@ -58,9 +58,13 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
     return result
 
 
+# Environment variables that change what the engine computes (the workers inherit the caller's environment).
+ENGINE_ENV = ("EKKA_INJECT_BUG",)
+
+
 def _env_fingerprint(env: dict[str, str] | None) -> str:
-    keys = sorted(k for k in (env or {}) if k.startswith("EKKA_"))
-    return "".join(f"|{k}={env[k]}" for k in keys)  # type: ignore[index]
+    effective = {**os.environ, **(env or {})}
+    return "".join(f"|{k}={effective[k]}" for k in ENGINE_ENV if effective.get(k))
 
 
 def _complete(path: Path) -> bool:

@@ -61,10 +61,13 @@ def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
     try:
         llm = LLM(**args)
     except Exception as e:  # vLLM reports unsupported architectures and bad configs as plain exceptions
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "not supported" in msg.lower() or "architecture" in msg.lower():
-            raise BadInput(f"vLLM cannot load {spec.model}: {msg}",
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        # vLLM wraps config errors in a pydantic ValidationError: the telling line is not the first one.
+        unsupported = next((ln for ln in lines if "not supported" in ln.lower()), None)
+        if unsupported:
+            raise BadInput(f"vLLM cannot load {spec.model}: {unsupported.split('Supported architectures')[0]}",
                            fix="use an architecture this vLLM release supports") from e
+        msg = lines[0]
         raise InternalFailure(f"vLLM failed to start: {msg}") from e
 
     tokenizer = llm.get_tokenizer()

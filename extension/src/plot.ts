@@ -87,7 +87,7 @@ export function seriesSvg(plots: Plots, highlight?: string, box: Box = SERIES_BO
   const scale = logScale(series.map((p) => p.error_ratio), plots.threshold, top, yBottom);
   const parts: string[] = [];
   parts.push(
-    `<svg xmlns="http://www.w3.org/2000/svg" class="plot series" id="series-plot" width="${width}" height="${height}" ` +
+    `<svg xmlns="http://www.w3.org/2000/svg" class="plot series" id="series-plot" data-width="${width}" ` +
       `viewBox="0 0 ${width} ${height}" role="img" aria-label="Error ratio along the execution order, log scale">`,
   );
   // axes and decade grid
@@ -180,17 +180,20 @@ export function heatColor(ratio: number, threshold: number, max: number): string
 export interface HeatLayout {
   left: number;
   top: number;
-  cell: number;
+  /** Cell width (per token position) and height (per layer). */
+  cw: number;
+  ch: number;
   width: number;
   height: number;
 }
 
 export function heatLayout(h: HeatMap, maxWidth = SERIES_BOX.width): HeatLayout {
-  const left = 96;
-  const top = 12;
+  const left = 72;
+  const top = 8;
   const cols = Math.max(1, h.positions.length);
-  const cell = Math.max(4, Math.min(22, Math.floor((maxWidth - left - 12) / cols)));
-  return { left, top, cell, width: left + cols * cell + 12, height: top + h.layers.length * cell + 40 };
+  const cw = Math.max(3, Math.min(22, Math.floor((maxWidth - left - 12) / cols)));
+  const ch = Math.max(14, Math.min(22, cw));
+  return { left, top, cw, ch, width: left + cols * cw + 12, height: top + h.layers.length * ch + 40 };
 }
 
 function shortLayer(name: string): string {
@@ -205,32 +208,32 @@ export function heatmapSvg(h: HeatMap, threshold: number): string {
   const max = vals.length ? Math.max(...vals) : threshold;
   const parts: string[] = [];
   parts.push(
-    `<svg xmlns="http://www.w3.org/2000/svg" class="plot heatmap" id="heatmap-plot" width="${L.width}" height="${L.height}" ` +
+    `<svg xmlns="http://www.w3.org/2000/svg" class="plot heatmap" id="heatmap-plot" data-width="${L.width}" ` +
       `viewBox="0 0 ${L.width} ${L.height}" role="img" aria-label="Error ratio per decoder layer and token position">`,
   );
   h.layers.forEach((layer, row) => {
-    const y = L.top + row * L.cell;
-    parts.push(`<text class="tick" x="${L.left - 6}" y="${num(y + L.cell / 2 + 4)}" text-anchor="end">${escapeXml(shortLayer(layer))}</text>`);
+    const y = L.top + row * L.ch;
+    parts.push(`<text class="tick" x="${L.left - 6}" y="${num(y + L.ch / 2 + 4)}" text-anchor="end">${escapeXml(shortLayer(layer))}</text>`);
     h.positions.forEach((pos, col) => {
       const r = h.ratios[row]?.[col];
       if (!usable(r)) return;
-      const x = L.left + col * L.cell;
+      const x = L.left + col * L.cw;
       parts.push(
-        `<rect class="cell" data-layer="${row}" data-position="${pos}" x="${x}" y="${y}" width="${L.cell}" ` +
-          `height="${L.cell}" fill="${heatColor(r, threshold, max)}"><title>${escapeXml(
+        `<rect class="cell" data-layer="${row}" data-position="${pos}" x="${x}" y="${y}" width="${L.cw}" ` +
+          `height="${L.ch}" fill="${heatColor(r, threshold, max)}"><title>${escapeXml(
             `${layer}, token ${pos}: error ratio ${formatRatio(r)}×`,
           )}</title></rect>`,
       );
     });
   });
-  const step = Math.max(1, Math.ceil(24 / L.cell));
-  const yLabels = L.top + h.layers.length * L.cell + 14;
+  const step = Math.max(1, Math.ceil(24 / L.cw));
+  const yLabels = L.top + h.layers.length * L.ch + 14;
   h.positions.forEach((pos, col) => {
     if (col % step !== 0) return;
-    parts.push(`<text class="tick" x="${num(L.left + col * L.cell + L.cell / 2)}" y="${yLabels}" text-anchor="middle">${pos}</text>`);
+    parts.push(`<text class="tick" x="${num(L.left + col * L.cw + L.cw / 2)}" y="${yLabels}" text-anchor="middle">${pos}</text>`);
   });
   parts.push(
-    `<text class="axis-label" x="${num(L.left + (h.positions.length * L.cell) / 2)}" y="${yLabels + 18}" ` +
+    `<text class="axis-label" x="${num(L.left + (h.positions.length * L.cw) / 2)}" y="${yLabels + 18}" ` +
       `text-anchor="middle">token position</text>`,
   );
   parts.push("</svg>");
@@ -272,6 +275,9 @@ const STYLE = `
 body { font-family: var(--vscode-font-family); font-size: var(--vscode-font-size); color: var(--vscode-foreground); padding: 0 16px 24px; }
 h1 { font-size: 1.3em; margin: 14px 0 4px; } h2 { font-size: 1.05em; margin: 22px 0 6px; }
 .verdict-divergent { color: var(--vscode-errorForeground); } .sub { opacity: .8; }
+svg.plot { display: block; width: 100%; height: auto; }
+svg.series { max-width: ${SERIES_BOX.width}px; }
+svg.heatmap { max-width: ${SERIES_BOX.width}px; }
 .plot text, .legend text { fill: var(--vscode-foreground); font-size: 11px; font-family: var(--vscode-font-family); }
 .grid { stroke: var(--vscode-editorWidget-border, #8884); stroke-width: .5; }
 .axis { stroke: var(--vscode-foreground); stroke-width: 1; opacity: .7; }
@@ -284,7 +290,7 @@ h1 { font-size: 1.3em; margin: 14px 0 4px; } h2 { font-size: 1.05em; margin: 22p
 .point { fill: var(--vscode-charts-blue, #38f); } .point.above { fill: var(--vscode-errorForeground, #e44); }
 .highlight { fill: none; stroke: var(--vscode-charts-yellow, #fc0); stroke-width: 2.5; }
 .cell { stroke: var(--vscode-editor-background, #000); stroke-width: .5; }
-table { border-collapse: collapse; margin-top: 6px; } th, td { text-align: left; padding: 3px 10px 3px 0; }
+table { border-collapse: collapse; margin-top: 6px; width: 100%; } th, td { text-align: left; padding: 3px 10px 3px 0; overflow-wrap: anywhere; }
 tr.suspect { cursor: pointer; } tr.suspect:hover { background: var(--vscode-list-hoverBackground); }
 tr.current { outline: 1px solid var(--vscode-focusBorder); }
 code { font-family: var(--vscode-editor-font-family); }

@@ -161,11 +161,21 @@ describe("heat map (decoder layer × token position)", () => {
     const L = heatLayout(h);
     for (const c of allOf(svg, /<rect class="cell"[^>]*>/)) {
       const col = h.positions.indexOf(Number(c["data-position"]));
-      assert.equal(Number(c.x), L.left + col * L.cell);
-      assert.equal(Number(c.y), L.top + Number(c["data-layer"]) * L.cell);
-      assert.equal(Number(c.width), L.cell);
-      assert.equal(Number(c.height), L.cell);
+      assert.equal(Number(c.x), L.left + col * L.cw);
+      assert.equal(Number(c.y), L.top + Number(c["data-layer"]) * L.ch);
+      assert.equal(Number(c.width), L.cw);
+      assert.equal(Number(c.height), L.ch);
     }
+  });
+
+  test("the plots scale to the panel: a viewBox and no fixed pixel size", () => {
+    for (const plot of [svg, seriesSvg(plots)]) {
+      const el = attrsOf(plot, /<svg [^>]*>/);
+      assert.match(el.viewBox, /^0 0 \d+ \d+$/);
+      assert.equal(el.width, undefined);
+      assert.equal(el.height, undefined);
+    }
+    assert.ok(heatLayout(h).width <= SERIES_BOX.width, "the heat map fits the series plot's width");
   });
 
   test("layer 3 past the window is hot, layer 0 is not", () => {

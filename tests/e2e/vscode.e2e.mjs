@@ -123,6 +123,8 @@ async function main() {
         "editor.hover.delay": 150,
         "editor.minimap.enabled": false,
         "window.restoreWindows": "none",
+        "git.enabled": false,
+        "git.openRepositoryInParentFolders": "never",
       },
       null,
       1,
@@ -146,7 +148,7 @@ async function main() {
     {
       detached: true,
       stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, EKKA_INJECT_BUG: BUG, EKKA_SERVER_LOG: "INFO", VSCODE_IPC_HOOK_CLI: "" },
+      env: { ...process.env, EKKA_INJECT_BUG: BUG, VSCODE_IPC_HOOK_CLI: "" },
     },
   );
   let serverLog = "";
@@ -197,7 +199,12 @@ async function main() {
   const menuItem = page.locator(".context-view .action-label", { hasText: "Diagnose silent error" });
   await menuItem.waitFor({ timeout: 15_000 });
   check(true, "the Explorer context menu offers “Diagnose silent error” on demo.ekka.toml");
+  // VS Code's web menus act on mouseup after a hover; a plain click right after the menu opens can be lost.
+  await menuItem.hover();
+  await page.waitForTimeout(300);
   await menuItem.click();
+  const closed = await menuItem.waitFor({ state: "hidden", timeout: 2_000 }).then(() => true, () => false);
+  if (!closed) await page.keyboard.press("Enter"); // the click was lost; the hovered item is the focused one
 
   const toast = page.locator(".notification-toast", { hasText: "Ekka: diagnosing demo.ekka.toml" });
   await toast.waitFor({ timeout: 20_000 });
@@ -205,6 +212,7 @@ async function main() {
   check(await toast.locator(".monaco-button", { hasText: "Cancel" }).count() === 1, "the notification has a Cancel button");
   const running = page.locator(".statusbar-item", { has: page.locator(".codicon-sync") }).filter({ hasText: "Ekka" });
   await running.first().waitFor({ timeout: 10_000 }).catch(() => undefined);
+  await page.waitForTimeout(400); // let the toast finish sliding in
   await page.screenshot({ path: path.join(media, "e2e-progress.png") });
   check((await running.count()) > 0 || (await toast.count()) > 0, "status bar shows the running job");
 
@@ -233,7 +241,7 @@ async function main() {
   const activeLine = editor.locator(".line-numbers.active-line-number");
   await activeLine.first().waitFor({ timeout: 10_000 });
   check((await activeLine.first().innerText()).trim() === String(classLine), `cursor on line ${classLine} (class Attention)`);
-  const classRow = editor.locator(".view-line", { hasText: /^\s*class Attention\b/ });
+  const classRow = editor.locator(".view-line", { hasText: /^\s*class\s+Attention\b/ });
   check(await classRow.count() === 1, "the line shows `class Attention(...)`");
   const squiggle = editor.locator(".squiggly-error");
   await squiggle.first().waitFor({ timeout: 20_000 });
@@ -267,15 +275,18 @@ async function main() {
   const frame = page.frameLocator("iframe.webview.ready").frameLocator("#active-frame");
   await frame.locator("#series-plot").waitFor({ timeout: 20_000 });
   check(true, "webview shows the error-ratio plot (#series-plot)");
-  const cpLabel = await frame.locator(".change-point-label").innerText();
+  const cpLabel = (await frame.locator(".change-point-label").textContent())?.trim();
   check(cpLabel === `change point: ${demoReport.suspects[0].target.module}`, `change point line labelled “${cpLabel}”`);
   check(await frame.locator("#threshold-line").count() === 1, "threshold line drawn");
-  const labels = await frame.locator("#series-plot text.tick").allInnerTexts();
+  const labels = await frame.locator("#series-plot text.tick").allTextContents();
   check(labels.includes("1") && labels.includes("10"), `log-scale decade ticks (${labels.join(", ")})`);
   const cells = await frame.locator("#heatmap-plot rect.cell").count();
   check(cells > 0, `heat map drawn (${cells} cells)`);
   check(await frame.locator("circle.highlight").count() === 1, "the code lens's module is ringed");
   check((await frame.locator("#verdict").innerText()).startsWith("Divergent — #1 Attention"), "webview heading: Divergent — #1 Attention");
+  const plotBox = await frame.locator("#series-plot").boundingBox();
+  const bodyWidth = await frame.locator("body").evaluate((b) => b.clientWidth);
+  check(plotBox && plotBox.width <= bodyWidth + 1, "the plot fits the panel's width");
   await page.screenshot({ path: path.join(media, "e2e-webview.png") });
 
   // 11. the call-site row
@@ -289,6 +300,22 @@ async function main() {
   await callActive.waitFor({ timeout: 10_000 });
   check((await callActive.innerText()).trim() === String(call.call_line), `${path.basename(call.call_file)} opened at the call line ${call.call_line}`);
   await page.screenshot({ path: path.join(media, "e2e-callsite.png") });
+
+  // 12. the command palette lists the Ekka commands
+  step("command palette: Ekka commands");
+  await page.keyboard.press("F1");
+  const input = page.locator(".quick-input-widget .quick-input-box input");
+  await input.waitFor({ timeout: 10_000 });
+  await input.fill(">Ekka: ");
+  const rows = page.locator(".quick-input-widget .quick-input-list .monaco-list-row");
+  await rows.first().waitFor({ timeout: 10_000 });
+  await page.waitForTimeout(300);
+  const entries = (await rows.allInnerTexts()).map((t) => t.split("\n")[0].trim());
+  for (const want of ["Ekka: Diagnose silent error", "Ekka: Show divergence", "Ekka: Set Anthropic API key", "Ekka: Restart Server"]) {
+    check(entries.some((e) => e.startsWith(want)), `palette offers “${want}”`);
+  }
+  check(!entries.some((e) => e.startsWith("Ekka: Open source")), "internal commands are not in the palette");
+  await page.keyboard.press("Escape");
 }
 
 function dumpLogs() {
