@@ -149,8 +149,11 @@ def render_html(report: dict[str, Any]) -> str:
     if plots["change_point"] is not None:
         cx, _ = xy(plots["change_point"], 1)
         name = html.escape(series[plots["change_point"]]["component"])
+        # keep the label inside the plot: right of the line, or left of it near the right edge
+        anchor, tx = ("end", cx - 4) if cx > w / 2 else ("start", cx + 4)
         cp = (f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{pad}" y2="{h - pad}" stroke="#c0392b" stroke-dasharray="4"/>'
-              f'<text x="{cx + 4:.1f}" y="{pad + 12}" fill="#c0392b" font-size="12">change point: {name}</text>')
+              f'<text x="{tx:.1f}" y="{pad + 12}" fill="#c0392b" font-size="12" text-anchor="{anchor}">'
+              f'change point: {name}</text>')
     ticks = "".join(f'<text x="4" y="{xy(0, 10 ** k)[1] + 4:.1f}" font-size="11">{10 ** k:g}</text>'
                     for k in range(math.floor(ymin), math.ceil(ymax) + 1))
     line_plot = (f'<svg width="{w}" height="{h}" role="img" aria-label="error ratio along execution order">'
@@ -173,7 +176,9 @@ def render_html(report: dict[str, Any]) -> str:
     sus = "".join(
         f'<tr><td>{s["rank"]}</td><td><code>{html.escape(s["target"]["module"])}</code></td>'
         f'<td>{html.escape(s["target"]["class"])}</td>'
-        f'<td><code>{html.escape(str(s["target"]["file"]))}:{s["target"]["line"]}</code></td>'
+        f'<td><code>{html.escape(short_path(s["target"]["file"]))}:{s["target"]["line"]}</code>'
+        + (f'<br><small>called at <code>{html.escape(short_path(s["target"]["call_file"]))}:'
+           f'{s["target"]["call_line"]}</code></small>' if s["target"].get("call_file") else "") + '</td>'
         f'<td>{s["error_ratio"]}</td><td>{s["onset_token"]}</td><td>{html.escape(s["evidence"])}</td></tr>'
         for s in report["suspects"])
     verdict_color = {"divergent": "#c0392b", "consistent": "#27ae60"}.get(report["verdict"], "#e67e22")
