@@ -250,7 +250,8 @@ def _print_report(report: dict[str, Any], paths: dict[str, Path]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ekka_core.report import headline, short_path
+    from ekka_core.report import headline
+    from ekka_core.sources import short_path
 
     out = Console(width=max(Console().width, 140))
     colour = {"divergent": "red", "consistent": "green"}.get(report["verdict"], "yellow")

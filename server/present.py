@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable
 
 from lsprotocol import types
 
+from ekka_core.sources import short_path
+
 from server.protocol import (CLIENT_SHOW_DIVERGENCE, CODE_SUSPECT, CODE_SUSPECT_CALL, CODE_SUSPECT_FORWARD,
                              DIAGNOSTIC_SOURCE)
 
@@ -39,16 +41,6 @@ def fmt_ratio(r: float | None) -> str:
     if r >= 10:
         return f"{r:.1f}"
     return f"{r:.3g}"
-
-
-def short_path(path: str | None) -> str:
-    """``…/site-packages/vllm/x.py`` → ``vllm/x.py``."""
-    if not path:
-        return "—"
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    return path
 
 
 def severity(rank: int) -> types.DiagnosticSeverity:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ekka_core.analysis import NON_FINITE_RATIO, Ranking
+from ekka_core.sources import short_path
 
 SCHEMA = "ekka.report/1"
 
@@ -69,16 +70,6 @@ def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     paths["md"].write_text(render_markdown(report))
     paths["html"].write_text(render_html(report))
     return paths
-
-
-def short_path(path: str | None) -> str:
-    """``…/site-packages/vllm/x.py`` → ``vllm/x.py``: the part an engine developer recognises."""
-    if not path:
-        return "—"
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    return path
 
 
 def headline(report: dict[str, Any]) -> str:
