@@ -14,7 +14,7 @@ Step 2, for each size, alternating, ``--reps`` times, each in a fresh child proc
            would be read; fp32 because the analysis compares in fp32): the floor any analysis has to pay;
   analyse  the analysis stages only, in ``ekka_core.pipeline.diagnose``'s order, on the existing traces (no
            capture): load + pre-flight, tree ×2, mapping, align (incl. the alignment proof), analysis, report.
-Each child imports the same modules, then resets its RSS high-water mark (``/proc/self/clear_refs`` = 5) and
+Each child (``OMP_NUM_THREADS=--threads``, default 1) imports the same modules, then resets its RSS high-water mark (``/proc/self/clear_refs`` = 5) and
 reports wall time, CPU time, peak RSS of the work (VmHWM — ``getrusage`` ru_maxrss cannot be used here: Linux
 folds the parent's RSS at fork/exec into a child's ru_maxrss), the RSS right after the imports, sampled peaks of
 anonymous and file-backed RSS (the shards are memory-mapped), and how many tensor bytes it loaded through
@@ -230,9 +230,10 @@ def child(mode: str, out: Path) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # parent
 # --------------------------------------------------------------------------------------------------------------
-def run_child(mode: str, out: Path) -> dict:
+def run_child(mode: str, out: Path, threads: int = 1) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     proc = subprocess.run([sys.executable, __file__, "--child", mode, str(out)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("EKKA_RESULT "):
             return json.loads(line[len("EKKA_RESULT "):])
@@ -270,6 +271,9 @@ def main() -> None:
                     help="existing `ekka diagnose --out` directories to use instead of making them")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="also cProfile the analysis of the large traces")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch/OpenMP threads in the children (default 1: on a shared 2-core box, OpenMP threads "
+                         "spin against other processes and inflate both wall and CPU time 10x or more at random)")
     ap.add_argument("--fresh", action="store_true", help="re-capture the traces")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -296,7 +300,7 @@ def main() -> None:
     for rep in range(a.reps):
         for size, out in sizes.items():
             for mode in modes:
-                r = run_child(mode, out)
+                r = run_child(mode, out, a.threads)
                 results.setdefault((size, mode), []).append(r)
                 print(f"  rep {rep} {size:5s} {mode:8s} wall {r['wall']:7.3f} s  cpu {r['cpu']:7.3f} s  "
                       f"peak RSS {r['rss_mib']:6.0f} MiB (after imports {r['base_mib']:4.0f})  "
@@ -361,7 +365,7 @@ def main() -> None:
               f"{m('large', mode, 'anon_peak_mib') / m('small', mode, 'anon_peak_mib'):.2f}x, mapped shards (RssFile) "
               f"{m('large', mode, 'file_peak_mib') / m('small', mode, 'file_peak_mib'):.2f}x")
     if a.profile:
-        r = run_child("profile", large)
+        r = run_child("profile", large, a.threads)
         print("\ncProfile of the analysis stages on the large traces (own time):")
         print(r["stages"]["profile"])
 
