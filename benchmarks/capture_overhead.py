@@ -142,6 +142,11 @@ def child(cfg: dict) -> None:
                          max_new_tokens=cfg["max_new_tokens"])
     args = engine_args(spec)
     llm = LLM(**args)
+    if cfg.get("threads"):
+        import torch
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op once it has bound its OpenMP threads;
+        # the in-process engine runs the forward on this thread, so the underlying setter still applies.
+        torch._C.set_num_threads(cfg["threads"])
     prompt = [{"prompt_token_ids": cfg["prompt_ids"]}]
     params = SamplingParams(temperature=0.0, max_tokens=cfg["max_new_tokens"], ignore_eos=True)
     info = asdict(RunInfo(framework="vllm", framework_version=vllm.__version__, role="target", model=spec.model,
@@ -228,6 +233,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="traced/untraced alternations per process")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--threads", type=int,
+                    help="torch/OpenMP threads of the engine (default: vLLM's binding, 2 here). On a shared 2-core "
+                         "box, 1 keeps OpenMP threads from spinning against other processes")
     ap.add_argument("--profile", action="store_true", help="also isolate hook / clone / write costs")
     ap.add_argument("--keep", type=Path, help="keep the traces under this directory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -250,7 +258,7 @@ def main() -> None:
 
     def cfg(variant: str, k: int) -> dict:
         return {"variant": variant, "model": model, "prompt_ids": ids, "max_new_tokens": a.max_new_tokens,
-                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps}
+                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps, "threads": a.threads}
 
     def ratios(r: dict) -> list[dict]:
         """One entry per traced generate, against the mean of the untraced runs just before and after it."""

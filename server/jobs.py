@@ -41,6 +41,7 @@ class Job:
     verdict: str | None = None
     token: str | None = None
     cancel_requested: bool = False
+    remote: bool = False               # runs on an ssh:// executor: cancelling must stop the host's run first
     proc: asyncio.subprocess.Process | None = None
     task: asyncio.Task | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -189,6 +190,24 @@ class WorkerProcess:
         if self.proc is None:
             return None
         return await self.proc.wait()
+
+
+REMOTE_CANCEL_GRACE_S = 15
+
+
+def kill_if_alive(proc: Any) -> None:
+    if proc.returncode is None:
+        kill_session(proc.pid)
+
+
+def executor_params(settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``ekka.executor`` setting for the worker: None runs locally; ``ssh://host`` runs capture and analysis
+    on that host (ekka_core.remote) with ``ekka.remote.python`` / ``ekka.remote.workdir``."""
+    executor = settings.get("executor") or "local"
+    if not isinstance(executor, str) or executor == "local":
+        return None
+    remote = settings.get("remote") if isinstance(settings.get("remote"), dict) else {}
+    return {"url": executor, "python": remote.get("python"), "workdir": remote.get("workdir")}
 
 
 def default_interpreter(configured: str | None, root: str | None) -> str:

@@ -11,6 +11,7 @@ import asyncio
 import atexit
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path, to_fs_path
 
 from ekka_core import __version__
-from server.jobs import Job, WorkerFailed, WorkerProcess, default_interpreter, kill_session
+from server.jobs import (REMOTE_CANCEL_GRACE_S, Job, WorkerFailed, WorkerProcess, default_interpreter, executor_params,
+                         kill_if_alive, kill_session)
 from server.present import Result, code_lenses, diagnostics, hover, path_key
 from server.protocol import (CMD_CANCEL, CMD_CLEAR, CMD_DIAGNOSE, CMD_STATUS, FINAL_STATES, NOTIFY_JOB_STATE,
                              NOTIFY_REPORT_UPDATED, REQUEST_FAILED, heavy_modules)
@@ -62,7 +64,8 @@ class EkkaServer(LanguageServer):
             if isinstance(options.get(key), dict):
                 options = options[key]
                 break
-        self.settings.update({k: v for k, v in options.items() if k in ("interpreter", "target", "executor")})
+        self.settings.update({k: v for k, v in options.items()
+                              if k in ("interpreter", "target", "executor", "remote")})
 
     def root(self) -> str | None:
         folders = list(self.workspace.folders.values()) if self.workspace else []
@@ -187,7 +190,10 @@ class EkkaServer(LanguageServer):
                 worker.kill()
                 raise asyncio.CancelledError
             self._progress(job, state="running", message=f"worker started ({interpreter})")
-            params = {"spec": spec, "out_dir": job.out_dir, "fresh": bool(req.get("fresh")), "env": req.get("env")}
+            executor = executor_params(self.settings)
+            job.remote = executor is not None
+            params = {"spec": spec, "out_dir": job.out_dir, "fresh": bool(req.get("fresh")), "env": req.get("env"),
+                      "executor": executor}
             result = await worker.diagnose(params, lambda p: self._progress(
                 job, stage=p.get("stage"), message=p.get("message", ""), percent=p.get("percent")))
             await worker.close()
@@ -246,7 +252,13 @@ class EkkaServer(LanguageServer):
         job.cancel_requested = True
         job.message = "cancelling"
         if job.proc is not None and job.proc.returncode is None:
-            kill_session(job.proc.pid)     # the reader sees EOF and the task ends the job as cancelled
+            if job.remote:
+                # A remote job's worker stops the run on the host first (SIGUSR1 → kill the remote process
+                # group over SSH); it is killed here only if it has not exited after a grace period.
+                os.kill(job.proc.pid, signal.SIGUSR1)
+                asyncio.get_running_loop().call_later(REMOTE_CANCEL_GRACE_S, kill_if_alive, job.proc)
+            else:
+                kill_session(job.proc.pid)     # the reader sees EOF and the task ends the job as cancelled
         # Before the worker runs, the task checks cancel_requested at each step (never Task.cancel(): a
         # cancellation landing inside create_subprocess_exec could leak the process it was starting).
 

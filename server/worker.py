@@ -73,7 +73,10 @@ class Worker:
             known = ", ".join(sorted(DiagnosisSpec.__dataclass_fields__))
             raise BadInput(f"spec fields: {e}", fix=f"give at least `model` and `prompts`; known fields: {known}") \
                 from None
-        spec.validate()           # bad input fails here, before the heavy imports below
+        executor = params.get("executor")
+        if executor is None:
+            spec.validate()       # bad input fails here, before the heavy imports below
+        # (with a remote executor the model path is a path on that host: the remote run validates it there)
         out_dir = params.get("out_dir")
         if not out_dir:
             raise BadInput("no output directory given", fix="pass out_dir")
@@ -93,7 +96,23 @@ class Worker:
             self.send({"method": "progress", "params": {"id": msg_id, "stage": stage, "message": message,
                                                         "percent": stage_percent(stage, n)}})
 
-        result = diagnose(spec, Path(out_dir), fresh=bool(params.get("fresh")), progress=progress, env=env)
+        if executor is None:
+            result = diagnose(spec, Path(out_dir), fresh=bool(params.get("fresh")), progress=progress, env=env)
+        else:
+            import signal
+            import threading
+
+            from ekka_core.remote import DEFAULT_REMOTE_PYTHON, DEFAULT_REMOTE_WORKDIR, run_remote_diagnosis
+
+            # Capture and analysis run on the host (tensors stay there); only the report comes back. The server
+            # cancels with SIGUSR1: the remote process group is killed over SSH before this worker exits.
+            cancel = threading.Event()
+            signal.signal(signal.SIGUSR1, lambda *_: cancel.set())
+            result = run_remote_diagnosis(spec, executor["url"],
+                                          remote_python=executor.get("python") or DEFAULT_REMOTE_PYTHON,
+                                          remote_workdir=executor.get("workdir") or DEFAULT_REMOTE_WORKDIR,
+                                          out_dir_local=Path(out_dir), fresh=bool(params.get("fresh")),
+                                          progress=progress, env=env, cancel_event=cancel)
         return {"report": result.report, "paths": {k: str(v) for k, v in result.paths.items()},
                 "modules": _modules(result.report)}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import os
 import subprocess
 import sys
 import threading
@@ -254,3 +255,38 @@ def test_cancel_kills_the_remote_process_group(sshd, remote, demo_spec, tmp_path
         left = processes_in_group(pgid)
     assert left == [], left
     print(f"\ncancel: process group {pgid} ({len(seen['before'])} processes) gone; run lasted {took:.0f} s")
+
+
+# --- the language server's worker with an ssh:// executor (the editor's `ekka.executor` setting) -----------------
+
+def test_language_server_worker_runs_the_diagnosis_on_the_executor_host(sshd, remote, demo, demo_spec, tmp_path):
+    """The worker the language server starts takes `executor` from the server's settings and runs capture and
+    analysis on that host; the user's ~/.ssh (here a temporary HOME) provides the key and known_hosts."""
+    import json as _json
+    import shutil
+
+    from server.jobs import executor_params
+
+    spec, env = demo_spec
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(sshd.known_hosts, home / ".ssh" / "known_hosts")
+    shutil.copy(sshd.client_key, home / ".ssh" / "id_ed25519")
+    os.chmod(home / ".ssh" / "id_ed25519", 0o600)
+    executor = executor_params({"executor": sshd.url, "remote": {"python": remote["remote_python"],
+                                                                 "workdir": remote["remote_workdir"]}})
+    assert executor_params({"executor": "local"}) is None
+    request = {"id": 1, "method": "diagnose",
+               "params": {"spec": spec.to_json(), "out_dir": str(tmp_path / "out"), "env": env,
+                          "executor": executor}}
+    proc = subprocess.run([sys.executable, "-m", "server.worker"], input=_json.dumps(request) + "\n",
+                          capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env={**os.environ, "HOME": str(home), "SSH_AUTH_SOCK": ""})
+    replies = [_json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    final = next(r for r in replies if r.get("id") == 1)
+    assert "result" in final, final
+    report = final["result"]["report"]
+    assert _rank1(report) == "model.layers.3.self_attn.attn"
+    assert report["meta"]["remote"]["reused_traces"] is True            # the module's remote capture, reused
+    assert any(r.get("method") == "progress" for r in replies)
+    assert (tmp_path / "out" / "report.json").exists()

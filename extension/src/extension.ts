@@ -185,6 +185,10 @@ class Ekka implements vscode.Disposable {
             interpreter,
             target: { default: config.get<string>("target.default", "vllm") },
             executor: config.get<string>("executor", "local"),
+            remote: {
+              python: config.get<string>("remote.python", "python3"),
+              workdir: config.get<string>("remote.workdir", "~/.cache/ekka-remote"),
+            },
           },
         },
         // A server that is missing or crashes is reported once in the output channel; the user restarts it
