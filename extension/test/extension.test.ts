@@ -113,7 +113,8 @@ describe("activate", () => {
   });
 
   test("launches `<interpreter> -m server` over stdio in the workspace root, using the setting", async () => {
-    mock.settings = { interpreter: "/opt/python/bin/python3", "target.default": "sglang", executor: "ssh://gpu1" };
+    mock.settings = { interpreter: "/opt/python/bin/python3", "target.default": "sglang", executor: "ssh://gpu1",
+                      "remote.python": "/opt/venv/bin/python", "remote.workdir": "/scratch/ekka" };
     assert.equal(await activate().serverReady, true);
     const client = onlyClient();
     assert.equal(client.id, "ekka");
@@ -122,7 +123,8 @@ describe("activate", () => {
     assert.equal(client.serverOptions.transport, lc.TransportKind.stdio);
     assert.equal(client.serverOptions.options?.cwd, tmp);
     assert.deepEqual(client.clientOptions.initializationOptions, {
-      settings: { interpreter: "/opt/python/bin/python3", target: { default: "sglang" }, executor: "ssh://gpu1" },
+      settings: { interpreter: "/opt/python/bin/python3", target: { default: "sglang" }, executor: "ssh://gpu1",
+                  remote: { python: "/opt/venv/bin/python", workdir: "/scratch/ekka" } },
     });
     assert.equal(client.clientOptions.revealOutputChannelOn, lc.RevealOutputChannelOn.Never);
     assert.equal(client.state, "running");
@@ -146,7 +148,8 @@ describe("activate", () => {
     const client = onlyClient();
     assert.equal(client.serverOptions.command, "python3");
     assert.deepEqual(client.clientOptions.initializationOptions, {
-      settings: { interpreter: "python3", target: { default: "vllm" }, executor: "local" },
+      settings: { interpreter: "python3", target: { default: "vllm" }, executor: "local",
+                  remote: { python: "python3", workdir: "~/.cache/ekka-remote" } },
     });
   });
 
