@@ -1,6 +1,6 @@
 """Capture overhead of tracing the vLLM target: traced / untraced generate time, trace bytes per token, peak RSS.
 
-    .venv/bin/python benchmarks/capture_overhead.py [--runs 2] [--reps 3] [--prompt-tokens 128]
+    .venv/bin/python benchmarks/capture_overhead.py [--runs 2] [--reps 3] [--threads 1] [--prompt-tokens 128]
                                                     [--max-new-tokens 8] [--profile] [--keep DIR]
 
 Model: the zoo's llama made larger (hidden 1024, 8 layers, 16 heads, 4 KV heads, head_dim 64, intermediate 2816),
@@ -8,7 +8,8 @@ bf16, one prompt of exactly ``--prompt-tokens`` token ids (fed as ids, so its le
 ``--max-new-tokens`` new tokens (prefill + max_new_tokens-1 decode steps are traced).
 
 Each of ``--runs`` child processes (VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_CPU_KVCACHE_SPACE=1, engine built with
-``ekka_core.capture.vllm_runner.engine_args``, so the engine runs in the child and ru_maxrss is the engine's):
+``ekka_core.capture.vllm_runner.engine_args``, so the engine runs in the child and ru_maxrss is the engine's;
+after the engine is built the forward's thread count is set to ``--threads``):
 
   1. warms up with one untraced ``llm.generate``;
   2. times an untraced ``generate`` (U0); peak RSS of that untraced generation (VmHWM, reset after the engine
@@ -26,7 +27,8 @@ process CPU time (user+sys, less sensitive to other processes competing for the 
 
 ``--profile`` adds three more child processes that isolate where the traced time goes, by monkeypatching
 ``TraceWriter`` in the child only (ekka_core itself is untouched):
-  hooks-only   hooks fire and build the index, but ``add_tensor`` stores nothing (no clone, no write);
+  hooks-only   hooks fire (index, class-source lookup, in-place mutation checksums), but ``add_tensor`` stores
+               nothing (no clone, no write);
   clone-only   tensors are cloned to CPU as usual but the shards are never written to disk;
   cprofile     the traced generate+close runs under cProfile; own time is summed by category (model compute,
                clone, mutation checksum, safetensors, class-source lookup, index, Ekka's hook code).
@@ -227,15 +229,28 @@ def run_child(cfg: dict) -> dict:
     raise SystemExit(f"child {cfg['variant']} failed (exit {proc.returncode})")
 
 
+def ratios(r: dict) -> list[dict]:
+    """One entry per traced generate, against the mean of the untraced runs just before and after it."""
+    out = []
+    for k, t in enumerate(r["traced"]):
+        before, after = r["untraced"][k], r["untraced"][k + 1]
+        u_wall, u_cpu = (before["wall"] + after["wall"]) / 2, (before["cpu"] + after["cpu"]) / 2
+        out.append({"u": u_wall, "t": t["wall"], "close": t["close"], "wall": t["wall"] / u_wall,
+                    "wall_close": (t["wall"] + t["start"] + t["close"]) / u_wall, "cpu": t["cpu"] / u_cpu,
+                    "cpu_close": (t["cpu"] + t["cpu_close"]) / u_cpu, "first": k == 0})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=2, help="child processes")
     ap.add_argument("--reps", type=int, default=3, help="traced/untraced alternations per process")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--threads", type=int,
-                    help="torch/OpenMP threads of the engine (default: vLLM's binding, 2 here). On a shared 2-core "
-                         "box, 1 keeps OpenMP threads from spinning against other processes")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch/OpenMP threads of the engine; 0 = vLLM's own binding (2 here). Default 1: on a "
+                         "shared 2-core box, vLLM's OpenMP threads spin against other processes and every small "
+                         "torch op then costs milliseconds, which swamps what is being measured")
     ap.add_argument("--profile", action="store_true", help="also isolate hook / clone / write costs")
     ap.add_argument("--keep", type=Path, help="keep the traces under this directory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -260,17 +275,15 @@ def main() -> None:
         return {"variant": variant, "model": model, "prompt_ids": ids, "max_new_tokens": a.max_new_tokens,
                 "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps, "threads": a.threads}
 
-    def ratios(r: dict) -> list[dict]:
-        """One entry per traced generate, against the mean of the untraced runs just before and after it."""
-        out = []
-        for k, t in enumerate(r["traced"]):
-            before, after = r["untraced"][k], r["untraced"][k + 1]
-            u_wall, u_cpu = (before["wall"] + after["wall"]) / 2, (before["cpu"] + after["cpu"]) / 2
-            out.append({"u": u_wall, "t": t["wall"], "close": t["close"], "wall": t["wall"] / u_wall,
-                        "wall_close": (t["wall"] + t["start"] + t["close"]) / u_wall, "cpu": t["cpu"] / u_cpu,
-                        "cpu_close": (t["cpu"] + t["cpu_close"]) / u_cpu, "first": k == 0})
-        return out
+    try:
+        report(a, cfg, root)
+    finally:
+        if not a.keep:
+            import shutil
+            shutil.rmtree(root, ignore_errors=True)
 
+
+def report(a: argparse.Namespace, cfg, root: Path) -> None:  # noqa: ANN001
     results, rows = [], []
     for k in range(a.runs):
         r = run_child(cfg("full", k))
@@ -300,7 +313,7 @@ def main() -> None:
     later = [x["wall"] for x in rows if not x["first"]]
     if later:
         print(f"  first traced run in a process      {med([x['wall'] for x in rows if x['first']]):.2f}x   "
-              f"later ones {med(later):.2f}x  (the first pays one-off class-source lookups)")
+              f"later ones {med(later):.2f}x  (the first also pays reading the source files)")
     per_tok = [t["shard_bytes"] / t["tokens"] for r in results for t in r["traced"]]
     print(f"trace bytes per token                {med(per_tok) / 1024:.0f} KiB   "
           f"({t0['shard_bytes'] / 2**20:.1f} MiB in {t0['shards']} shard(s) for {t0['tokens']} tokens; "

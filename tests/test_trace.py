@@ -370,3 +370,46 @@ def test_store_dtype_converts_floating_tensors_only(tmp_path):
     assert emb.inputs[0].dtype == "int64" and torch.equal(trace.tensor(emb.inputs[0]), ids)
     assert emb.outputs[0].dtype == "bfloat16"
     assert torch.equal(trace.tensor(emb.outputs[0]), model.embed.weight[ids].detach().to(torch.bfloat16))
+
+
+class _InPlaceScale(nn.Module):
+    """Like a fused kernel: overwrites its input in place and returns it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2.0)
+
+
+class _Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.scale = _InPlaceScale()
+        self.last = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(self.scale(self.first(x)))
+
+
+def test_inputs_are_captured_on_entry_and_shared_with_the_producer(tmp_path):
+    torch.manual_seed(0)
+    model = _Chain()
+    x = torch.randn(3, 4)
+    writer = TraceWriter(tmp_path, RunInfo(framework="test", framework_version="0", role="target", model="m",
+                                           dtype="float32"))
+    with torch.no_grad():
+        first_out = model.first(x)      # by hand, untraced: what `scale` receives before it overwrites it
+    tracer = ModuleTracer(writer, lambda args, kwargs: ([0] * 3, [0, 1, 2])).attach(model)
+    with torch.no_grad():
+        model(x)
+    tracer.detach()
+    tracer.resolve_steps(lambda r: r, [3])
+    writer.close(complete=True)
+    trace = Trace(tmp_path)
+    calls = {c.module: c for c in trace.calls}
+    scale_in = trace.tensor(calls["scale"].inputs[0])
+    assert torch.equal(scale_in, first_out)                      # the value on entry, not the doubled one
+    assert torch.equal(trace.tensor(calls["scale"].outputs[0]), first_out * 2)
+    # `first`'s output object was handed to `scale` and then overwritten: its copy is not reused for the input…
+    assert calls["first"].mutated_after_hook
+    # …while `last`'s input, the unchanged output of `scale`, is stored once and shared
+    assert calls["last"].inputs[0].key == calls["scale"].outputs[0].key

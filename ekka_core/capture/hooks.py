@@ -23,6 +23,14 @@ _SKIPPED_KWARGS = {"attention_mask", "past_key_values", "past_key_value", "posit
 Layout = tuple[list[Any], list[int]]
 
 
+# Class → (name, qualname, class file, line, forward file, line): inspect re-reads source files, so once per process.
+_CLASS_INFO: dict[type, tuple] = {}
+
+
+def _checksum(t: torch.Tensor) -> float:
+    return float(t.detach().sum(dtype=torch.float64))
+
+
 def _source(obj: Any) -> tuple[str | None, int | None]:
     try:
         return inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1]
@@ -57,7 +65,13 @@ class ModuleTracer:
         self._stack: list[str] = []                          # paths of the modules executing right now
         self._parent_ids: list[int] = []
         self._live: list[tuple[ModuleCall, torch.Tensor, float]] = []   # outputs of this step, for _check_mutations
-        self._class_info: dict[type, tuple] = {}
+        # Inputs are cloned when the module is entered (a fused kernel may overwrite them in place before the
+        # forward hook runs); one list per executing module, matched to its call when it completes.
+        self._inputs: list[list[TensorRef | str | None] | None] = []
+        # This step's stored outputs by tensor identity: an input that *is* an earlier output, unchanged, reuses
+        # its stored copy instead of writing the same bytes again (most inputs are the previous module's output).
+        self._seen: dict[int, tuple[TensorRef, torch.Tensor, torch.Tensor]] = {}
+        self._entries = 0
         self.fired = 0
 
     # -- installation -----------------------------------------------------------------------------------------
@@ -69,7 +83,7 @@ class ModuleTracer:
             self._names[id(module)] = name
             for attr, child in module.named_children():
                 self._child_attr[(id(module), id(child))] = attr
-            self.handles.append(module.register_forward_pre_hook(self._enter))
+            self.handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._record, with_kwargs=True))
         return self
 
@@ -83,10 +97,24 @@ class ModuleTracer:
                 return f"{parent}.{attr}" if parent else attr
         return self._names[id(module)]
 
-    def _enter(self, module: nn.Module, args: tuple) -> None:
+    def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         path = self._path(module)
         self._stack.append(path)
         self._parent_ids.append(id(module))
+        if not self.writer.steps or not self.include(path):
+            self._inputs.append(None)
+            return
+        self._entries += 1
+        inputs: list[Any] = list(args) + [v for k, v in kwargs.items() if k not in _SKIPPED_KWARGS]
+        self._inputs.append([self._store_input(f"e{self._entries}.in{i}", x)
+                             for i, x in enumerate(_flatten(inputs))])
+
+    def _store_input(self, key: str, x: Any) -> TensorRef | str | None:
+        if isinstance(x, torch.Tensor):
+            seen = self._seen.get(id(x))
+            if seen is not None and seen[1] is x and seen[2].shape == x.shape and torch.equal(seen[2], x.detach()):
+                return seen[0]
+        return self._store(key, x)
 
     def detach(self) -> None:
         self._check_mutations()
@@ -99,9 +127,11 @@ class ModuleTracer:
         rewrites the residual). The recorded value is the clone taken at hook time — the module's true output —
         so the trace stays valid; the flag says downstream consumers saw something else."""
         for call, live, checksum in self._live:
-            if float(live.detach().double().sum()) != checksum and not (checksum != checksum):
+            if _checksum(live) != checksum and not (checksum != checksum):
                 call.mutated_after_hook = True
         self._live.clear()
+        self._seen.clear()
+        self.writer.new_step()
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def _start_step(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -115,33 +145,35 @@ class ModuleTracer:
         path = self._stack.pop() if self._stack else self._names[id(module)]
         if self._parent_ids:
             self._parent_ids.pop()
-        if not self.writer.steps or not self.include(path):
+        stored_inputs = self._inputs.pop() if self._inputs else None
+        if not self.writer.steps or not self.include(path) or stored_inputs is None:
             return  # outside any traced step (warm-up), or excluded by the user's module filter
         self.fired += 1
         w = self.writer
         step = w.steps[-1]
         index = len(w.calls)
         cls = type(module)
-        info = self._class_info.get(cls)
+        info = _CLASS_INFO.get(cls)
         if info is None:
             cf, cl = _source(cls)
             ff, fl = _source(cls.forward)
             info = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}", cf, cl, ff, fl)
-            self._class_info[cls] = info
+            _CLASS_INFO[cls] = info
         call = ModuleCall(index=index, step=step.index, module=path, cls=info[0],
                           qualname=info[1], class_file=info[2], class_line=info[3], forward_file=info[4],
                           forward_line=info[5])
         if path != self._names[id(module)]:
             call.shared_as = self._names[id(module)]
 
-        inputs: list[Any] = list(args) + [v for k, v in kwargs.items() if k not in _SKIPPED_KWARGS]
-        call.inputs = [self._store(f"c{index}.in{i}", x) for i, x in enumerate(_flatten(inputs))]
+        call.inputs = stored_inputs
         names, values = _flatten_output(output)
         call.output_names = names
         call.outputs = [self._store(f"c{index}.out{i}", x) for i, x in enumerate(values)]
-        for x in values:
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                self._live.append((call, x, float(x.detach().double().sum())))
+        for x, ref in zip(values, call.outputs):
+            if isinstance(x, torch.Tensor) and isinstance(ref, TensorRef):
+                if x.is_floating_point():
+                    self._live.append((call, x, _checksum(x)))
+                self._seen[id(x)] = (ref, x, self.writer.stored(ref))
         first = next((o for o in call.outputs if isinstance(o, TensorRef)), None)
         n_rows, n_reqs = len(step.pos), len(set(self._step_req[-1]))
         if (first is not None and first.shape and first.shape[0] != n_rows and first.shape[0] == n_reqs

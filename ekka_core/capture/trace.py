@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -99,9 +100,10 @@ class RunInfo:
 
 
 class TraceWriter:
-    """Streams tensors to safetensors shards as they are captured, so host memory holds one shard at most."""
+    """Streams tensors to safetensors shards as they are captured. A full shard is written by a background thread
+    while capture goes on; at most one shard is in flight, so host memory holds two shards at most."""
 
-    def __init__(self, directory: Path, run: RunInfo, *, shard_bytes: int = 256 << 20,
+    def __init__(self, directory: Path, run: RunInfo, *, shard_bytes: int = 64 << 20,
                  store_dtype: torch.dtype | None = None):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -114,9 +116,12 @@ class TraceWriter:
         self.steps: list[Step] = []
         self.calls: list[ModuleCall] = []
         self._pending: dict[str, torch.Tensor] = {}
+        self._by_key: dict[str, torch.Tensor] = {}   # this step's copies (cleared by new_step)
         self._pending_bytes = 0
         self._shard = 0
         self._lock = threading.Lock()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ekka-trace-writer")
+        self._inflight: Future | None = None
 
     def add_tensor(self, key: str, t: torch.Tensor) -> TensorRef:
         t = t.detach()
@@ -125,18 +130,33 @@ class TraceWriter:
         t = t.to("cpu", copy=True).contiguous()
         with self._lock:
             self._pending[key] = t
+            self._by_key[key] = t
             self._pending_bytes += t.numel() * t.element_size()
             ref = TensorRef(key=key, shard=self._shard, shape=list(t.shape), dtype=str(t.dtype).removeprefix("torch."))
             if self._pending_bytes >= self.shard_bytes:
                 self._flush()
         return ref
 
+    def stored(self, ref: TensorRef) -> torch.Tensor:
+        """The copy held for ``ref`` (pending or in flight), for de-duplicating identical tensors."""
+        return self._by_key[ref.key]
+
     def _flush(self) -> None:
         if self._pending:
-            save_file(self._pending, str(self.dir / f"shard-{self._shard:05d}.safetensors"))
+            self._drain()
+            self._inflight = self._io.submit(save_file, self._pending,
+                                             str(self.dir / f"shard-{self._shard:05d}.safetensors"))
             self._shard += 1
         self._pending = {}
         self._pending_bytes = 0
+
+    def _drain(self) -> None:
+        if self._inflight is not None:
+            self._inflight.result()      # re-raises a failed write (disk full) here, in the capturing thread
+            self._inflight = None
+
+    def new_step(self) -> None:
+        self._by_key.clear()
 
     def checkpoint(self) -> None:
         """Make what was captured so far readable on disk (marked incomplete): for engines Ekka does not drive."""
@@ -146,6 +166,7 @@ class TraceWriter:
         """Write the index. An incomplete trace (crash, cut short) is kept and marked so, never discarded."""
         with self._lock:
             self._flush()
+            self._drain()
             self.run.complete = complete
             self.run.failure = failure
             index = {"schema": SCHEMA, "run": asdict(self.run), "steps": [asdict(s) for s in self.steps],
