@@ -2,7 +2,7 @@
 # End-to-end test of the VS Code extension in real VS Code (code-server 4.100.3 in headless Debian Chromium,
 # driven by playwright-core): set up (scripts/e2e-setup.sh, a no-op once done), package the .vsix (bundled
 # Python server included), then run tests/e2e/vscode.e2e.mjs, which installs that .vsix into a fresh
-# extensions dir and diagnoses the demo spec through the UI. Screenshots: media/e2e-*.png.
+# extensions dir and diagnoses the demo spec through the UI. Screenshots: build/e2e/screenshots/ (EKKA_E2E_SCREENSHOTS=media refreshes media/e2e-*.png).
 #
 #   bash scripts/e2e.sh            (also: npm run test:e2e)
 #

@@ -21,7 +21,9 @@ const codeServer = path.join(e2eDir, "node_modules", ".bin", "code-server");
 const vsix = path.join(root, "extension", "ekka.vsix");
 const python = path.join(root, ".venv", "bin", "python");
 const ekka = path.join(root, ".venv", "bin", "ekka");
-const media = path.join(root, "media");
+// Screenshots go to build/e2e/screenshots; EKKA_E2E_SCREENSHOTS=media refreshes the committed ones in media/.
+const media = process.env.EKKA_E2E_SCREENSHOTS ? path.resolve(root, process.env.EKKA_E2E_SCREENSHOTS)
+  : path.join(root, "build", "e2e", "screenshots");
 const BUG = "gemma3-sliding-window-every-layer";
 const LIMIT_MS = 270_000;
 
