@@ -71,6 +71,8 @@ class AlignedPairs:
                 self.failures.append(str(e))
                 continue
             yield _drop_excluded(ap, self.excluded)
+            for tr in (self.traces.target, self.traces.reference, self.traces.reference_fp32):
+                tr.release()
 
 
 def align(mapping: Mapping, traces: Traces) -> AlignedPairs:

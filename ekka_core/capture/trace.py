@@ -202,6 +202,11 @@ class Trace:
             self._handles[ref.shard] = h
         return h.get_tensor(ref.key)
 
+    def release(self) -> None:
+        """Drop the open shard mappings: pages read so far stop counting against this process, so reading a trace
+        pair by pair keeps memory flat however large the trace (the next read re-opens what it needs)."""
+        self._handles.clear()
+
     def calls_of(self, module: str) -> list[ModuleCall]:
         return [c for c in self.calls if c.module == module]
 
