@@ -28,6 +28,8 @@ def test_clean_bf16_run_is_consistent(arch, clean_diagnosis):
     assert code == 0, (out / "cli.log").read_text()[-2000:]
     assert report["verdict"] == "consistent"
     assert all(s["error_ratio"] <= report["threshold"] for s in report["plots"]["series"])
+    # every mapped pair was actually compared: no alignment failed
+    assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []
     # the mapping is complete: nothing is left unexplained
     assert Mapping.load(out / "mapping.json").validate(build_tree(Trace(out / "traces/target"))) == []
 
@@ -39,6 +41,7 @@ def test_fp32_target_matches_fp32_reference_for_every_pair(arch, clean_diagnosis
     assert code == 0, (out / "cli.log").read_text()[-2000:]
     series = report["plots"]["series"]
     assert len(series) >= 40
+    assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []
     worst = max(series, key=lambda s: s["error_ratio"])
     # In fp32 the ratio is ‖X_T − Y_R‖ / (1e-5·‖Y_R‖): ≤ threshold means within 2e-5 relative, for every pair.
     assert worst["error_ratio"] <= report["threshold"], worst

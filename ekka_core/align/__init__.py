@@ -137,30 +137,30 @@ def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[
 # ---------------------------------------------------------------------------------------------------------------
 def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, list[ModuleCall]]],
                order: int) -> AlignedPair:
-    t_rows = _gather(traces.target, index[id(traces.target)], pair.target, pair.rows)
-    keys = sorted(t_rows)
+    t_rows = _rows(traces.target, index[id(traces.target)], pair.target, pair.rows)
+    keys = sorted(t_rows.index)
     if not keys:
         raise AlignmentError(f"{pair.component}: the target trace has no rows for it")
     sides = [t_rows]
     for tr in (traces.reference, traces.reference_fp32):
-        rows = _gather(tr, index[id(tr)], pair.reference, "tokens")
-        missing = [k for k in keys if k not in rows]
+        rows = _rows(tr, index[id(tr)], pair.reference, "tokens")
+        missing = [k for k in keys if k not in rows.index]
         if missing:
             raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: the reference has no "
                                  f"rows for (sequence, position) {missing[:3]}")
         sides.append(rows)
     _check_declared_split(pair, traces.target)
-    x_t, x_r, y_r = (torch.stack([s[k] for k in keys]) for s in sides)
+    x_t, x_r, y_r = (s.take(keys) for s in sides)
     if x_t.shape != x_r.shape:
         raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: shapes differ after "
                              f"alignment, target {list(x_t.shape)} vs reference {list(x_r.shape)}")
     inputs = None
     if pair.compare_inputs:
         try:
-            ins = [_gather(tr, index[id(tr)], Endpoint(ep.modules, port="input", select=pair.input_select), pair.rows)
+            ins = [_rows(tr, index[id(tr)], Endpoint(ep.modules, port="input", select=pair.input_select), pair.rows)
                    for tr, ep in ((traces.target, pair.target), (traces.reference, pair.reference),
                                   (traces.reference_fp32, pair.reference))]
-            i_t, i_r, i_y = (torch.stack([s[k] for k in keys]) for s in ins)
+            i_t, i_r, i_y = (s.take(keys) for s in ins)
             if i_t.shape == i_r.shape:
                 inputs = (i_t, i_r, i_y)
         except (KeyError, AlignmentError, RuntimeError):
@@ -189,11 +189,24 @@ def _calls_by_module(trace: Trace) -> dict[str, list[ModuleCall]]:
     return out
 
 
-def _gather(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: str) -> dict[Key, torch.Tensor]:
-    """Rows of one endpoint, keyed by (sequence, position); 1:N endpoints concatenated along features."""
-    parts: list[dict[Key, torch.Tensor]] = []
+@dataclass
+class Rows:
+    """One endpoint's rows: a [rows, features] matrix and which (sequence, position) each row is."""
+
+    index: dict[Key, int]
+    matrix: torch.Tensor
+
+    def take(self, keys: list[Key]) -> torch.Tensor:
+        return self.matrix.index_select(0, torch.tensor([self.index[k] for k in keys], dtype=torch.long))
+
+
+def _rows(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: str) -> Rows:
+    """Rows of one endpoint, keyed by (sequence, position); 1:N endpoints concatenated along features. Each call's
+    tensor becomes one block of rows; blocks are concatenated once (a later call for the same key wins)."""
+    parts: list[Rows] = []
     for module in ep.modules:
-        got: dict[Key, torch.Tensor] = {}
+        keys_all: list[Key] = []
+        blocks: list[torch.Tensor] = []
         for call in calls.get(module, []):
             step = trace.steps[call.step]
             if ep.select == "all" and call.rows == "tokens":
@@ -201,31 +214,41 @@ def _gather(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows
                 outs = [trace.tensor(r).float() for r in (call.outputs if ep.port == "output" else call.inputs)
                         if isinstance(r, TensorRef) and _is_float(r)]
                 flat = torch.cat([_token_rows(t, len(keys), call.module) for t in outs], dim=1)
-                got.update((k, row) for k, row in zip(keys, flat) if k[0] >= 0)
-                continue
-            tensor = _select(trace, call, ep)
-            if tensor is None:
-                continue
-            if call.rows == "sampled":
-                last: dict[int, int] = {}
-                for s, p in zip(step.seq, step.pos):
-                    if s >= 0:
-                        last[s] = max(p, last.get(s, -1))
-                keys = list(last.items())
-                flat = tensor.reshape(tensor.shape[0], -1)
             else:
-                keys = list(zip(step.seq, step.pos))
-                flat = _token_rows(tensor, len(keys), call.module)
-            for k, row in zip(keys, flat):
-                if k[0] >= 0:
-                    got[k] = row
-        if ep.scale is not None:
-            got = {k: v * ep.scale for k, v in got.items()}
-        parts.append(got)
+                tensor = _select(trace, call, ep)
+                if tensor is None:
+                    continue
+                # (traces written before the heuristic knew [1, heads, L, d] may call such outputs "sampled")
+                if call.rows == "sampled" and tensor.dim() == 2:
+                    last: dict[int, int] = {}
+                    for s, p in zip(step.seq, step.pos):
+                        if s >= 0:
+                            last[s] = max(p, last.get(s, -1))
+                    keys = list(last.items())
+                    flat = tensor.reshape(tensor.shape[0], -1)
+                else:
+                    keys = list(zip(step.seq, step.pos))
+                    flat = _token_rows(tensor, len(keys), call.module)
+            keys_all.extend(keys)
+            blocks.append(flat)
+        if not blocks or len({b.shape[1] for b in blocks}) != 1:
+            parts.append(Rows({}, torch.empty(0, 0)))
+            continue
+        index = {k: i for i, k in enumerate(keys_all) if k[0] >= 0}
+        matrix = torch.cat(blocks)
+        parts.append(Rows(index, matrix * ep.scale if ep.scale is not None else matrix))
     if len(parts) == 1:
         return parts[0]
-    common = set(parts[0]).intersection(*parts[1:])
-    return {k: torch.cat([p[k] for p in parts]) for k in common}
+    common = sorted(set(parts[0].index).intersection(*(p.index for p in parts[1:])))
+    if not common:
+        return Rows({}, torch.empty(0, 0))
+    return Rows({k: i for i, k in enumerate(common)}, torch.cat([p.take(common) for p in parts], dim=1))
+
+
+def _gather(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: str) -> dict[Key, torch.Tensor]:
+    """:func:`_rows` as a dict (sequence, position) → row."""
+    r = _rows(trace, calls, ep, rows)
+    return {k: r.matrix[i] for k, i in r.index.items()}
 
 
 def _select(trace: Trace, call: ModuleCall, ep: Endpoint) -> torch.Tensor | None:

@@ -177,7 +177,7 @@ class ModuleTracer:
         first = next((o for o in call.outputs if isinstance(o, TensorRef)), None)
         n_rows, n_reqs = len(step.pos), len(set(self._step_req[-1]))
         if (first is not None and first.shape and first.shape[0] != n_rows and first.shape[0] == n_reqs
-                and n_rows not in first.shape[1:2]):  # [1, L, …] is a batch of one, not sampled rows
+                and n_rows not in first.shape[1:]):  # [1, L, …] / [1, heads, L, d] is a batch of one
             call.rows = "sampled"  # e.g. vLLM's LogitsProcessor: one row per request, its last token
         w.calls.append(call)
 
