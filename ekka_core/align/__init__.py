@@ -22,6 +22,8 @@ from ekka_core.errors import BadInput, InternalFailure
 from ekka_core.mapping import ComponentPair, Endpoint, Mapping
 
 Key = tuple[int, int]   # (sequence, position)
+# Shard mappings are dropped after this many bytes were read through them: memory stays flat as traces grow.
+RELEASE_BYTES = 128 << 20
 
 
 class AlignmentError(InternalFailure):
@@ -72,7 +74,7 @@ class AlignedPairs:
                 continue
             yield _drop_excluded(ap, self.excluded)
             for tr in (self.traces.target, self.traces.reference, self.traces.reference_fp32):
-                tr.release()
+                tr.release(above_bytes=RELEASE_BYTES)
 
 
 def align(mapping: Mapping, traces: Traces) -> AlignedPairs:

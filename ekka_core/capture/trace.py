@@ -194,18 +194,24 @@ class Trace:
         self.steps = [Step(**s) for s in index["steps"]]
         self.calls = [ModuleCall.from_json(c) for c in index["calls"]]
         self._handles: dict[int, Any] = {}
+        self._bytes_read = 0
 
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         h = self._handles.get(ref.shard)
         if h is None:
             h = safe_open(str(self.dir / f"shard-{ref.shard:05d}.safetensors"), framework="pt")
             self._handles[ref.shard] = h
-        return h.get_tensor(ref.key)
+        t = h.get_tensor(ref.key)
+        self._bytes_read += t.numel() * t.element_size()
+        return t
 
-    def release(self) -> None:
-        """Drop the open shard mappings: pages read so far stop counting against this process, so reading a trace
-        pair by pair keeps memory flat however large the trace (the next read re-opens what it needs)."""
-        self._handles.clear()
+    def release(self, *, above_bytes: int = 0) -> None:
+        """Drop the open shard mappings once more than ``above_bytes`` were read through them: pages read so far
+        stop counting against this process, so reading a trace pair by pair keeps memory flat however large the
+        trace, without re-opening shards for every pair (the next read re-opens what it needs)."""
+        if self._bytes_read > above_bytes:
+            self._handles.clear()
+            self._bytes_read = 0
 
     def calls_of(self, module: str) -> list[ModuleCall]:
         return [c for c in self.calls if c.module == module]
