@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import re
 import sys
 import time
@@ -397,6 +398,24 @@ async def test_worker_that_dies_is_an_internal_failure(client: LanguageClient, d
         client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
             settings={"ekka": {"interpreter": sys.executable}}))
     assert (await _status(client))["settings"]["interpreter"] == sys.executable
+
+
+async def test_worker_killed_mid_run_is_reported_and_the_server_carries_on(client: LanguageClient, demo, tmp_path):
+    """The worker dies during a capture (OOM killer, a crash): one clear error message, the job failed with exit code
+    3, and the next diagnosis in the same server succeeds."""
+    rec: Recorder = client.ekka  # type: ignore[attr-defined]
+    job_id = _plain(await _execute(client, "ekka.server.diagnose", {
+        "uri": from_fs_path(str(demo["spec_file"])), "out_dir": str(tmp_path / "out"), "fresh": True,
+        "env": ENV}))["jobId"]
+    pid = await rec.running_pid(job_id)
+    os.kill(pid, signal.SIGKILL)                      # the worker only, as the OOM killer would
+    final = await rec.final(job_id, timeout=60)
+    assert final["state"] == "failed" and final["exit_code"] == 3, final
+    assert any("worker" in m.message and m.type == types.MessageType.Error for m in client.messages)
+    job2 = _plain(await _execute(client, "ekka.server.diagnose", {
+        "spec": demo["spec"].to_json(), "out_dir": str(demo["out"]), "env": ENV}))["jobId"]
+    final2 = await rec.final(job2)
+    assert final2["state"] == "done" and final2["verdict"] == "divergent", final2
 
 
 async def test_clear_removes_diagnostics_lenses_and_hovers(client: LanguageClient, demo):
