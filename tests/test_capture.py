@@ -142,3 +142,25 @@ def test_architecture_the_engine_does_not_support_is_bad_input(zoo_model, tmp_pa
     spec = DiagnosisSpec(model=str(model), prompts=PROMPTS, max_new_tokens=2)
     with pytest.raises(BadInput, match="vLLM cannot load"):
         capture(spec, tmp_path / "out")
+
+
+def test_an_engine_ekka_does_not_drive_is_traced_through_the_plugin(zoo_model, tmp_path):
+    """EKKA_TRACE_DIR: a user's own script with vLLM's multiprocess engine core (as under `vllm serve`) is traced by
+    Ekka's plugin inside the engine process; the index is rewritten every step, so it is readable at any time."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent / "scripts" / "plain_vllm_generate.py"
+    env = {**os.environ, "EKKA_TRACE_DIR": str(tmp_path / "trace"), "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run([sys.executable, str(script), str(zoo_model("llama"))], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trace = Trace(tmp_path / "trace")
+    assert trace.run.framework == "vllm" and not trace.run.complete      # nobody closed it: marked as such
+    assert len(trace.steps) >= 2
+    assert all(s.req and all(r is not None for r in s.req) for s in trace.steps[:2])   # raw request ids kept
+    layer0 = [c for c in trace.calls if c.module == "model.layers.0"]
+    assert len(layer0) >= 2
+    assert trace.tensor(layer0[0].outputs[0]).shape[-1] == 256
