@@ -122,7 +122,7 @@ def render_html(report: dict[str, Any]) -> str:
     plots = report["plots"]
     thr = plots["threshold"]
     series = plots["series"]
-    w, h, pad = 900, 260, 40
+    w, h, pad = 900, 260, 48
     n = max(len(series), 1)
     ymax = max([math.log10(max(s["error_ratio"], 1e-3)) for s in series] + [math.log10(thr) + 1])
     ymin = min([math.log10(max(s["error_ratio"], 1e-3)) for s in series] + [-1])
@@ -145,14 +145,17 @@ def render_html(report: dict[str, Any]) -> str:
         cp = (f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{pad}" y2="{h - pad}" stroke="#c0392b" stroke-dasharray="4"/>'
               f'<text x="{tx:.1f}" y="{pad + 12}" fill="#c0392b" font-size="12" text-anchor="{anchor}">'
               f'change point: {name}</text>')
-    ticks = "".join(f'<text x="4" y="{xy(0, 10 ** k)[1] + 4:.1f}" font-size="11">{10 ** k:g}</text>'
-                    for k in range(math.floor(ymin), math.ceil(ymax) + 1))
+    ticks = "".join(f'<text x="{pad - 4}" y="{xy(0, 10 ** k)[1] + 4:.1f}" font-size="11" text-anchor="end">'
+                    f'{10 ** k:g}</text>' for k in range(math.floor(ymin), math.ceil(ymax) + 1)
+                    if pad <= xy(0, 10 ** k)[1] <= h - pad)
     line_plot = (f'<svg width="{w}" height="{h}" role="img" aria-label="error ratio along execution order">'
                  f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="#fafafa" stroke="#ccc"/>'
                  f'<line x1="{pad}" x2="{w - pad}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#e67e22"/>'
                  f'<text x="{w - pad - 90}" y="{ty - 4:.1f}" font-size="11" fill="#e67e22">threshold {thr}</text>'
                  f'<polyline points="{pts}" fill="none" stroke="#888"/>{dots}{cp}{ticks}'
-                 f'<text x="{w / 2 - 120}" y="{h - 8}" font-size="12">module calls in execution order →</text></svg>')
+                 f'<text x="{w / 2 - 140}" y="{h - 8}" font-size="12">compared components, in execution order →</text>'
+                 f'<text x="10" y="{h / 2 + 60}" font-size="11" transform="rotate(-90 10 {h / 2 + 60})">'
+                 f'error ratio (log scale)</text></svg>')
     hm = plots["heatmap"]
     cell = max(4, min(14, 860 // max(len(hm["positions"]), 1)))
     rows = "".join(
@@ -172,6 +175,14 @@ def render_html(report: dict[str, Any]) -> str:
            f'{s["target"]["call_line"]}</code></small>' if s["target"].get("call_file") else "") + '</td>'
         f'<td>{s["error_ratio"]}</td><td>{s["onset_token"]}</td><td>{html.escape(s["evidence"])}</td></tr>'
         for s in report["suspects"])
+    unchecked = "".join(f"<li><code>{html.escape(u['module'] or '<root>')}</code>: {html.escape(u['reason'])}</li>"
+                        for u in report["unchecked"])
+    meta, spec = report.get("meta", {}), report.get("spec", {})
+    tgt, ref = meta.get("target", {}), meta.get("reference", {})
+    run_line = (f"{spec.get('model', '?')} · target {tgt.get('framework', '?')} {tgt.get('version', '')} vs reference "
+                f"{ref.get('framework', '?')} {ref.get('version', '')} ({ref.get('attn_implementation') or 'eager'}) · "
+                f"{report.get('dtype', '')} · {len(spec.get('prompts', []))} prompt(s), "
+                f"{spec.get('max_new_tokens', '?')} new tokens")
     verdict_color = {"divergent": "#c0392b", "consistent": "#27ae60"}.get(report["verdict"], "#e67e22")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Ekka report</title><style>
 body{{font-family:system-ui,sans-serif;margin:24px;color:#222}} h1{{margin:0 0 8px}}
@@ -180,9 +191,12 @@ table{{border-collapse:collapse}} td,th{{padding:2px 6px;font-size:13px;text-ali
 .suspects td,.suspects th{{border-bottom:1px solid #ddd}} .heat td{{padding:0}} code{{font-size:12px}}
 </style></head><body><h1>Ekka report</h1>
 <p class="verdict">{html.escape(headline(report))}</p>
+<p class="run">{html.escape(run_line)}<br><small>error ratio = the target's distance from an fp32 reference run divided by
+the reference's own low-precision distance from it: ≈ 1 is numerical noise, above {thr} is a departure.</small></p>
 <h2>Suspects</h2><table class="suspects"><tr><th>#</th><th>module</th><th>class</th><th>source</th>
 <th>error ratio</th><th>onset token</th><th>evidence</th></tr>{sus or '<tr><td colspan=7>none</td></tr>'}</table>
 <h2>Error ratio along the execution order</h2>{line_plot}
 <h2>Where and when</h2>{heat}
-<p>Checked {report["checked"]} component pairs; {len(report["unchecked"])} not checked (see report.md).</p>
+<p>Checked {report["checked"]} component pairs.</p>
+<details><summary>{len(report["unchecked"])} not checked</summary><ul>{unchecked}</ul></details>
 </body></html>"""
