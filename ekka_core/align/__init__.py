@@ -185,10 +185,7 @@ def _check_declared_split(pair: ComponentPair, target: Trace) -> None:
 
 
 def _calls_by_module(trace: Trace) -> dict[str, list[ModuleCall]]:
-    out: dict[str, list[ModuleCall]] = {}
-    for c in trace.calls:
-        out.setdefault(c.module, []).append(c)
-    return out
+    return trace.by_module()
 
 
 @dataclass
@@ -220,8 +217,7 @@ def _rows(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: 
                 tensor = _select(trace, call, ep)
                 if tensor is None:
                     continue
-                # (traces written before the heuristic knew [1, heads, L, d] may call such outputs "sampled")
-                if call.rows == "sampled" and tensor.dim() == 2:
+                if call.rows == "sampled":
                     last: dict[int, int] = {}
                     for s, p in zip(step.seq, step.pos):
                         if s >= 0:
@@ -317,10 +313,9 @@ def prove_alignment(traces: Traces) -> None:
 
 
 def _first_output(trace: Trace, module: str, select: str = "first") -> tuple[list[Key], torch.Tensor] | None:
-    calls = [c for c in trace.calls if c.module == module]
-    if not calls:
+    if not trace.calls_of(module):
         return None
-    rows = _gather(trace, {module: calls}, Endpoint([module], select=select), "tokens")
+    rows = _gather(trace, trace.by_module(), Endpoint([module], select=select), "tokens")
     keys = sorted(rows)
     return keys, torch.stack([rows[k] for k in keys])
 

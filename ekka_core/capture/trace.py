@@ -19,7 +19,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -195,6 +195,7 @@ class Trace:
         self.calls = [ModuleCall.from_json(c) for c in index["calls"]]
         self._handles: dict[int, Any] = {}
         self._bytes_read = 0
+        self._by_module: dict[str, list[ModuleCall]] | None = None
 
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         h = self._handles.get(ref.shard)
@@ -213,8 +214,16 @@ class Trace:
             self._handles.clear()
             self._bytes_read = 0
 
+    def by_module(self) -> dict[str, list[ModuleCall]]:
+        """Every module's calls in completion order (built once: every stage looks calls up by module)."""
+        if self._by_module is None:
+            self._by_module = {}
+            for c in self.calls:
+                self._by_module.setdefault(c.module, []).append(c)
+        return self._by_module
+
     def calls_of(self, module: str) -> list[ModuleCall]:
-        return [c for c in self.calls if c.module == module]
+        return self.by_module().get(module, [])
 
     def modules(self) -> dict[str, ModuleCall]:
         """First call of every module that ran, in completion order."""
@@ -223,5 +232,3 @@ class Trace:
             first.setdefault(c.module, c)
         return first
 
-    def __iter__(self) -> Iterator[ModuleCall]:
-        return iter(self.calls)

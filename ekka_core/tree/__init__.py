@@ -6,6 +6,7 @@ compact text an engineer or an agent reads.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,16 +91,22 @@ def build_tree(trace: "Trace") -> ModelTree:
 def call_site(tree: ModelTree, module: str) -> tuple[str, int] | None:
     """The line in the parent's ``forward`` that calls ``module`` (``self.<attr>(…)``), found by parsing the
     parent class's source statically (libcst, no import): where an engine developer puts the breakpoint."""
-    from ekka_core.tree.static import StaticIndex
-
     if "." not in module:
         return None
     parent_name, attr = module.rsplit(".", 1)
     parent = tree.modules.get(parent_name)
     if parent is None or not parent.class_file or not Path(parent.class_file).is_file():
         return None
+    line = _static_index(parent.class_file, parent.qualname.rpartition(".")[0]).find_forward_call_line(parent.cls, attr)
+    return (parent.class_file, line) if line else None
+
+
+@functools.lru_cache(maxsize=64)
+def _static_index(file: str, module: str) -> Any:
+    """One parse per source file per process: suspects often share a parent class file."""
+    from ekka_core.tree.static import StaticIndex
+
     index = StaticIndex()
     index.on_error = "skip"
-    index.add_file(parent.class_file, parent.qualname.rpartition(".")[0] or None)
-    line = index.find_forward_call_line(parent.cls, attr)
-    return (parent.class_file, line) if line else None
+    index.add_file(file, module or None)
+    return index
