@@ -35,7 +35,7 @@ def _package_dir(name: str) -> Path:
     """A top-level package's directory via find_spec, which does not run the package's code."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{name} is not installed in this environment (scripts/setup.sh installs it)")
+        pytest.fail(f"{name} is not installed in this environment (scripts/setup.sh installs it)")
     return Path(list(spec.submodule_search_locations)[0])
 
 
