@@ -37,7 +37,16 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=None)
     d.add_argument("--out", type=Path, required=True)
     d.add_argument("--fresh", action="store_true", help="re-capture even if traces for these inputs exist")
+    d.add_argument("--target-trace", type=Path, default=None, metavar="DIR",
+                   help="diagnose a target trace captured outside Ekka (EKKA_TRACE_DIR=DIR under `vllm serve` or "
+                        "your own script): the reference is teacher-forced on its tokens; --model defaults to its model")
     d.add_argument("--inject-bug", default=None, help=argparse.SUPPRESS)
+    t = d.add_argument_group("trace size (what the capture records)")
+    t.add_argument("--trace-modules", default=None, metavar="REGEX", help="record only module paths matching it")
+    t.add_argument("--trace-positions", default=None, metavar="RANGES",
+                   help='record only these token positions, e.g. "0-15,40-" (each request\'s sampled row is kept)')
+    t.add_argument("--trace-store-dtype", default=None, metavar="DTYPE",
+                   help="store tensors in this dtype (bfloat16/float16 halve an fp32 trace)")
     r = d.add_argument_group("remote execution (capture and analysis on a GPU host; only the report comes back)")
     r.add_argument("--executor", default=None, metavar="ssh://[user@]host[:port]",
                    help="run on that host over SSH (your keys / ssh-agent, known_hosts verified); --model is a "
@@ -135,6 +144,9 @@ def _spec_from_args(args: argparse.Namespace, *, local: bool = True):
 
     if args.spec:
         spec = DiagnosisSpec.from_toml(args.spec)
+    elif args.target_trace:
+        from ekka_core.capture import spec_for_trace
+        spec = spec_for_trace(args.target_trace, model=args.model)
     else:
         if not args.model:
             raise BadInput("no model given", fix="pass --model DIR or --spec FILE.toml")
@@ -142,7 +154,8 @@ def _spec_from_args(args: argparse.Namespace, *, local: bool = True):
             raise BadInput("no prompt given", fix="pass --prompt TEXT (repeat it for a batch)")
         spec = DiagnosisSpec(model=args.model, prompts=list(args.prompt))
     for flag, attr in (("target", "target"), ("reference", "reference"), ("dtype", "dtype"),
-                       ("max_new_tokens", "max_new_tokens")):
+                       ("max_new_tokens", "max_new_tokens"), ("trace_modules", "trace_modules"),
+                       ("trace_positions", "trace_positions"), ("trace_store_dtype", "trace_store_dtype")):
         value = getattr(args, flag)
         if value is not None:
             setattr(spec, attr, value)

@@ -17,6 +17,29 @@ REFERENCES = ("hf",)
 DTYPES = ("bfloat16", "float16", "float32")
 
 
+PositionRanges = list[tuple[int, int | None]]   # inclusive [start, end]; end None: to the end of the sequence
+
+
+def parse_positions(text: str) -> PositionRanges:
+    """``"0-15,32,40-"`` → ``[(0, 15), (32, 32), (40, None)]``: token positions (0-based, in the sequence) to
+    trace. Raises BadInput naming the bad item."""
+    ranges: PositionRanges = []
+    for item in (x.strip() for x in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:(-)(\d*))?", item)
+        if not m or (m.group(3) and int(m.group(3)) < int(m.group(1))):
+            raise BadInput(f"trace_positions item {item!r} is not a position or range",
+                           fix='write positions as N, A-B (inclusive) or A- (from A on), comma-separated, '
+                               'e.g. "0-15,40-"')
+        start = int(m.group(1))
+        end = None if m.group(2) and not m.group(3) else int(m.group(3) or start)
+        ranges.append((start, end))
+    return ranges
+
+
+def in_positions(ranges: PositionRanges, pos: int) -> bool:
+    return any(a <= pos and (b is None or pos <= b) for a, b in ranges)
+
+
 @dataclass
 class DiagnosisSpec:
     model: str
@@ -31,6 +54,12 @@ class DiagnosisSpec:
     # (empty: as computed; "float16"/"bfloat16" halve an fp32 trace).
     trace_modules: str = ""
     trace_store_dtype: str = ""
+    # Token positions to record, e.g. "0-15,40-" (see parse_positions; empty: all). Steps with no position in the
+    # set are not recorded; each request's last row of a step is always kept (the logits are sampled there).
+    trace_positions: str = ""
+    # A target trace captured outside Ekka (EKKA_TRACE_DIR under `vllm serve` or the user's own script): the target
+    # is not run again, the reference is teacher-forced on that trace's tokens.
+    target_trace: str = ""
     # Analysis threshold on the error ratio (DESIGN.md: correct ≤ 1.5, buggy ≥ 3.1; stable 1.5–2.5).
     threshold: float = 2.0
 
@@ -50,6 +79,10 @@ class DiagnosisSpec:
             raise BadInput(f"unknown reference {self.reference!r}", fix="use --reference hf")
         if self.dtype not in DTYPES:
             raise BadInput(f"unsupported dtype {self.dtype!r}", fix=f"use one of {', '.join(DTYPES)}")
+        if self.target_trace and not any((d / "index.json").exists() for d in
+                                         (Path(self.target_trace), Path(self.target_trace) / "rank-0")):
+            raise BadInput(f"target trace {self.target_trace} has no index.json",
+                           fix="pass the EKKA_TRACE_DIR the engine wrote (with TP, the directory holding rank-*/)")
         if not self.prompts or any(not p.strip() for p in self.prompts):
             raise BadInput("empty prompt", fix="pass at least one non-empty --prompt TEXT")
         if not (1 <= self.max_new_tokens <= 4096):
@@ -80,6 +113,10 @@ class DiagnosisSpec:
             except re.error as e:
                 raise BadInput(f"trace_modules is not a valid regular expression ({e})",
                                fix="write a Python regex matching module paths, e.g. 'layers\\.(0|1)\\.'") from None
+        if self.trace_positions:
+            if not isinstance(self.trace_positions, str):
+                raise bad("trace_positions", 'a string such as "0-15,40-"')
+            parse_positions(self.trace_positions)
         if not isinstance(self.engine_args, dict):
             raise bad("engine_args", "a table, e.g. [engine_args] max_model_len = 1024")
 
@@ -87,7 +124,8 @@ class DiagnosisSpec:
         return asdict(self)
 
     def trace_options(self) -> dict[str, str]:
-        return {"include": self.trace_modules, "store_dtype": self.trace_store_dtype}
+        return {"include": self.trace_modules, "store_dtype": self.trace_store_dtype,
+                "positions": self.trace_positions}
 
     def fingerprint(self) -> str:
         """Identifies the inputs of a capture: equal fingerprints ⇒ traces can be reused."""

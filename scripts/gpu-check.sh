@@ -9,8 +9,10 @@
 #    Python's packages, so its pins never touch vLLM's environment. Without a GPU nothing is installed;
 # 2. vLLM-CUDA diagnosis of a tiny zoo Gemma 3 with vLLM's sliding-window bug re-injected (expects: divergent,
 #    rank 1 model.layers.3.self_attn.attn), then the same model clean (expects: consistent);
-# 3. SGLang through Ekka (tracing SGLang is not implemented yet: expects the clear refusal, exit 2) and SGLang's own
-#    greedy generate on a tiny zoo Llama, compared token by token with HF Transformers' greedy generate.
+# 3. SGLang through Ekka: a traced diagnosis of a tiny zoo Llama with --target sglang (expects: a complete SGLang
+#    trace with every fed token traced once, and the verdict consistent), then SGLang's own greedy generate on the
+#    same model compared token by token with HF Transformers' greedy generate (tells "SGLang broken here" apart
+#    from "Ekka's SGLang tracing broken").
 #
 # Prints one PASS/FAIL line per step with its time, the verdicts, and a summary table. Never stops at a failed
 # step; exit status 0 only if every step passed. Environment: EKKA_PYTHON (interpreter), EKKA_WHEELS (wheel dir,
@@ -169,7 +171,8 @@ fi
 # --- 2. vLLM (CUDA) diagnoses -----------------------------------------------------------------------------------
 deadline=$(( SECONDS + ${EKKA_GPU_CHECK_BUDGET:-420} ))
 bug=gemma3-sliding-window-every-layer
-# Spec files for the bug's zoo model (and a tiny Llama for SGLang); vLLM takes a quarter of the GPU's memory.
+# Spec files: the bug's zoo model for vLLM, a tiny zoo Llama for SGLang; each engine takes a quarter of the GPU's
+# memory (SGLang's default is most of it).
 run_step zoo 90 "$deadline" "$py" - "$out" "$bug" <<'EOF'
 import sys
 from pathlib import Path
@@ -180,11 +183,12 @@ bug = bugs.get(name)
 model = build_model(bug.arch, overrides=bug.zoo_overrides or None)
 prompts = bug.prompts or bugs.DEFAULT_PROMPTS
 toml = lambda s: '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-for target, path in (("vllm", out / "vllm.toml"), ("sglang", out / "sglang.toml")):
-    path.write_text(f'model = {toml(str(model))}\ntarget = "{target}"\ndtype = "{bug.dtype}"\nmax_new_tokens = 4\n'
-                    f'prompts = [{", ".join(toml(p) for p in prompts)}]\n\n[engine_args]\n'
-                    + ('gpu_memory_utilization = 0.25\n' if target == "vllm" else ""))
-(out / "llama.path").write_text(str(build_model("llama")))
+llama = build_model("llama")
+for target, path, m, memory in (("vllm", out / "vllm.toml", model, "gpu_memory_utilization"),
+                                ("sglang", out / "sglang.toml", llama, "mem_fraction_static")):
+    path.write_text(f'model = {toml(str(m))}\ntarget = "{target}"\ndtype = "{bug.dtype}"\nmax_new_tokens = 4\n'
+                    f'prompts = [{", ".join(toml(p) for p in prompts)}]\n\n[engine_args]\n{memory} = 0.25\n')
+(out / "llama.path").write_text(str(llama))
 print(model)
 EOF
 if [ "$step_rc" -eq 0 ]; then record zoo PASS "$step_s" "$(log_tail zoo 1)"; else record zoo FAIL "$step_s" "$(log_tail zoo)"; fi
@@ -195,7 +199,7 @@ r = json.load(open(sys.argv[1] + "/report.json"))
 s = (r.get("suspects") or [{}])[0]
 t = s.get("target", {})
 print(r["verdict"], t.get("module", "-"), s.get("error_ratio", "-"), "onset", s.get("onset_token", "-"),
-      "| vllm", r["meta"]["target"].get("version"), "| reused", r["meta"].get("reused_traces"), "|", r["meta"].get("seconds"), "s")' "$1" 2>/dev/null || echo "no report"
+      "|", r["meta"]["target"].get("framework"), r["meta"]["target"].get("version"), "| reused", r["meta"].get("reused_traces"), "|", r["meta"].get("seconds"), "s")' "$1" 2>/dev/null || echo "no report"
 }
 
 run_step vllm-bug 200 "$deadline" "$py" -m ekka_core.cli diagnose --spec "$out/vllm.toml" --out "$out/vllm-bug" --fresh --inject-bug "$bug"
@@ -213,14 +217,30 @@ case "$v" in
 esac
 
 # --- 3. SGLang ----------------------------------------------------------------------------------------------------
-# Through Ekka: the SGLang target is not traced yet; the run must refuse clearly (exit 2, the reason named).
-run_step sglang-ekka 120 "$deadline" env PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$sg_py" -m ekka_core.cli diagnose --spec "$out/sglang.toml" --out "$out/sglang-ekka" --fresh
-msg="$(grep -h 'ekka: error' "$out/sglang-ekka.log" | tail -1 | cut -c1-240)"
-if [ "$step_rc" -eq 2 ] && [ -n "$msg" ]; then
-  record sglang-via-ekka PASS "$step_s" "refused as expected (exit 2): $msg"
-else
-  record sglang-via-ekka FAIL "$step_s" "exit $step_rc (want 2 with a clear message): ${msg:-$(log_tail sglang-ekka)}"
-fi
+# Through Ekka: the target traced inside SGLang's scheduler process (ekka_core/capture/sglang_tracing.py), the
+# reference teacher-forced on its tokens, the whole diagnosis. Two verdicts: the capture (the SGLang trace is
+# complete, names SGLang, and traces every fed token exactly once) and the diagnosis (consistent on a clean model).
+run_step sglang-ekka 240 "$deadline" env PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$sg_py" -m ekka_core.cli diagnose --spec "$out/sglang.toml" --out "$out/sglang-ekka" --fresh
+sglang_ekka_rc="$step_rc"; sglang_ekka_s="$step_s"
+trace_check="$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$sg_py" -c 'import sys
+from ekka_core.capture.trace import Trace
+t = Trace(sys.argv[1]); r = t.run
+seen = sorted((s, p) for st in t.steps for s, p in zip(st.seq, st.pos))
+want = sorted((s, p) for s, ids in enumerate(r.token_ids) for p in range(len(ids)))
+modules = {c.module for c in t.calls}
+print(r.framework, r.framework_version, "complete" if r.complete else f"INCOMPLETE ({r.failure})", "|",
+      len(t.steps), "steps", [s.phase for s in t.steps][:3], len(t.calls), "calls |",
+      "rows-ok" if seen == want else f"rows-WRONG ({len(seen)} traced, {len(want)} fed)", "|",
+      "root+logits" if {"", "logits_processor"} <= modules else "MISSING root/logits_processor")' "$out/sglang-ekka/traces/target" 2>&1 | tail -1 | cut -c1-300)"
+case "$trace_check" in
+  "sglang "*" complete | "*"| rows-ok | root+logits") record sglang-trace PASS "$sglang_ekka_s" "$trace_check" ;;
+  *) record sglang-trace FAIL "$sglang_ekka_s" "exit $sglang_ekka_rc; ${trace_check:-no trace}; $(grep -h 'ekka: error' "$out/sglang-ekka.log" | tail -1 | cut -c1-200) $(log_tail sglang-ekka 2)" ;;
+esac
+v="$(verdict "$out/sglang-ekka")"
+case "$v" in
+  consistent*) record sglang-diagnosis PASS 0.0 "$v" ;;
+  *) record sglang-diagnosis FAIL 0.0 "exit $sglang_ekka_rc, want consistent on the clean zoo Llama; got: $v" ;;
+esac
 
 # SGLang's own engine: greedy tokens on the zoo Llama, then HF Transformers' greedy tokens for the same prompts.
 # (A file with a main guard: SGLang starts its scheduler processes with multiprocessing's spawn.)

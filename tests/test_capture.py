@@ -145,8 +145,8 @@ def test_architecture_the_engine_does_not_support_is_bad_input(zoo_model, tmp_pa
 
 
 def test_an_engine_ekka_does_not_drive_is_traced_through_the_plugin(zoo_model, tmp_path):
-    """EKKA_TRACE_DIR: a user's own script with vLLM's multiprocess engine core (as under `vllm serve`) is traced by
-    Ekka's plugin inside the engine process; the index is rewritten every step, so it is readable at any time."""
+    """EKKA_TRACE_DIR: a user's own script with vLLM's multiprocess engine core is traced by Ekka's plugin inside the
+    engine process. The tracer learns each request's tokens from the rows it processes and closes after each step."""
     import os
     import subprocess
     import sys
@@ -157,10 +157,92 @@ def test_an_engine_ekka_does_not_drive_is_traced_through_the_plugin(zoo_model, t
     proc = subprocess.run([sys.executable, str(script), str(zoo_model("llama"))], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    generated = json.loads(proc.stdout.split("GEN", 1)[1].splitlines()[0])
     trace = Trace(tmp_path / "trace")
-    assert trace.run.framework == "vllm" and not trace.run.complete      # nobody closed it: marked as such
-    assert len(trace.steps) >= 2
-    assert all(s.req and all(r is not None for r in s.req) for s in trace.steps[:2])   # raw request ids kept
+    assert trace.run.framework == "vllm" and trace.run.complete, trace.run.failure
+    # Two requests, numbered in order of arrival; tokens = prompt + every generated token fed back in.
+    assert len(trace.run.token_ids) == 2
+    for seq, gen in enumerate(generated):
+        assert trace.run.generated_ids[seq] == gen[:-1]      # the last generated token is never fed back
+        assert trace.run.token_ids[seq][trace.run.prompt_lens[seq]:] == gen[:-1]
+    rows = sorted((s, p) for st in trace.steps for s, p in zip(st.seq, st.pos))
+    assert rows == sorted((s, p) for s, ids in enumerate(trace.run.token_ids) for p in range(len(ids)))
+    assert trace.steps[0].phase == "prefill" and trace.steps[-1].phase.startswith("decode:")
     layer0 = [c for c in trace.calls if c.module == "model.layers.0"]
-    assert len(layer0) >= 2
-    assert trace.tensor(layer0[0].outputs[0]).shape[-1] == 256
+    assert len(layer0) == len(trace.steps)
+
+
+def test_vllm_serve_is_traced_and_its_trace_diagnosed(zoo_model, tmp_path):
+    """The real OpenAI-compatible server (`vllm serve`) with a re-injected bug, traced through EKKA_TRACE_DIR while
+    it answers two requests; stopped with SIGINT (which kills its workers), its trace is usable, and `ekka diagnose --target-trace` finds
+    the bug by teacher-forcing the reference on the served tokens."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from ekka_core.cli import main
+
+    bug = bugs.get("llama-gptj-style-rotary")
+    model = str(zoo_model(bug.arch, **bug.zoo_overrides))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "EKKA_TRACE_DIR": str(tmp_path / "served"), "EKKA_INJECT_BUG": bug.name,
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                               "--dtype", bug.dtype, "--enforce-eager", "--max-model-len", "256",
+                               "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
+                               ], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "vllm serve did not come up"
+                time.sleep(1)
+        answers = []
+        for prompt in bugs.DEFAULT_PROMPTS:
+            body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"content-type": "application/json"})
+            answers.append(json.loads(urllib.request.urlopen(req, timeout=120).read()))
+        assert all(a["usage"]["completion_tokens"] == 4 for a in answers)
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=120)
+        log.close()
+
+    trace = Trace(tmp_path / "served")
+    assert trace.run.complete, trace.run.failure
+    assert [len(g) for g in trace.run.generated_ids] == [3, 3]
+    assert trace.run.prompt_lens == [a["usage"]["prompt_tokens"] for a in answers]
+
+    out = tmp_path / "diagnosis"
+    code = main(["diagnose", "--target-trace", str(tmp_path / "served"), "--out", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    assert code == 1 and report["verdict"] == "divergent", report.get("notes")
+    assert bugs.matches(bug, report["suspects"][0]["target"]["module"]), report["suspects"][0]
+    assert report["spec"]["target_trace"] == str(tmp_path / "served")
+
+
+def test_an_unclosed_target_trace_is_refused_with_the_fix_and_kept(tmp_path, zoo_model):
+    from ekka_core.capture import spec_for_trace
+    from ekka_core.capture.trace import RunInfo, TraceWriter
+
+    w = TraceWriter(tmp_path / "t", RunInfo("vllm", "0.32.0", "target", str(zoo_model("llama")), "torch.float32",
+                                            token_ids=[[1, 2, 3]], prompt_lens=[2]))
+    w.checkpoint()                                     # what a killed server leaves behind
+    with pytest.raises(BadInput, match="is not usable: still running") as e:
+        spec_for_trace(tmp_path / "t")
+    assert "capture it again" in e.value.fix
+    assert (tmp_path / "t" / "index.json").exists()
+
+

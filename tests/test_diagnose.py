@@ -104,3 +104,34 @@ def test_decode_only_bug_starts_at_the_first_decode_step(zoo_model, tmp_path):
     assert top["onset_phase"] == "decode:1"
     prompt_lens = [len(ids) for ids in Trace(tmp_path / "traces/target").run.own_prompt_token_ids]
     assert top["onset_token"] in prompt_lens           # the first generated position of one of the prompts
+
+
+def test_a_trace_restricted_to_late_positions_still_finds_the_bug_and_holds_only_those_rows(zoo_model, tmp_path,
+                                                                                             demo_report):
+    """Size control: trace_positions="12-" records positions 12 on (the bug shows from 16) and each request's
+    sampled rows. The diagnosis is the same; the traces hold those rows only, and are smaller."""
+    bug = bugs.get("gemma3-sliding-window-every-layer")
+    spec = DiagnosisSpec(model=str(zoo_model(bug.arch, **bug.zoo_overrides)), prompts=bugs.DEFAULT_PROMPTS,
+                         dtype=bug.dtype, max_new_tokens=4, trace_positions="12-")
+    report = diagnose(spec, tmp_path, env={bugs.ENV_VAR: bug.name}).report
+    top = report["suspects"][0]
+    assert top["target"]["module"] == "model.layers.3.self_attn.attn" and top["onset_token"] == SLIDING_WINDOW
+    for name in ("target", "reference", "reference-fp32"):
+        trace = Trace(tmp_path / "traces" / name)
+        assert trace.run.trace_options["positions"] == "12-"
+        rows = [(s, p) for step in trace.steps for s, p in zip(step.seq, step.pos)]
+        last_rows = {(s, max(p for t, p in zip(step.seq, step.pos) if t == s)) for step in trace.steps
+                     for s in set(step.seq)}
+        assert all(p >= 12 or (s, p) in last_rows for s, p in rows), rows
+        # Below 12, only rows where the engine sampled (a shorter prompt's end, its decode rows in a step that is
+        # kept for the other prompt); the teacher-forced reference runs each sequence whole and samples at its end.
+        below = {(s, p) for s, p in rows if p < 12}
+        lens = trace.run.prompt_lens
+        if name == "target":
+            assert below and all(p >= n - 1 for s, p in below for n in [lens[s]])
+        else:
+            assert not below
+        assert {p for _, p in rows} >= set(range(12, max(lens)))
+    _, full = demo_report
+    size = lambda d: sum(f.stat().st_size for f in (d / "traces" / "target").glob("shard-*"))  # noqa: E731
+    assert size(tmp_path) < 0.8 * size(full)

@@ -413,3 +413,85 @@ def test_inputs_are_captured_on_entry_and_shared_with_the_producer(tmp_path):
     assert calls["first"].mutated_after_hook
     # …while `last`'s input, the unchanged output of `scale`, is stored once and shared
     assert calls["last"].inputs[0].key == calls["scale"].outputs[0].key
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Size control: a token-positions restriction keeps the rows in the set (plus each request's sampled row) and skips
+# steps with none of them.
+
+def test_positions_restriction_keeps_rows_in_the_set_and_each_requests_sampled_row(tmp_path):
+    from ekka_core.capture.hooks import tracer_for
+
+    torch.manual_seed(0)
+    model = TinyModel().eval()
+    # Prefill of two requests (lengths 4 and 3), then three decode steps of both.
+    layouts = iter([(["a"] * 4 + ["b"] * 3, [0, 1, 2, 3, 0, 1, 2]), (["a", "b"], [4, 3]), (["a", "b"], [5, 4]),
+                    (["a", "b"], [6, 5])])
+    w = TraceWriter(tmp_path, RunInfo("vllm", "0", "target", "tiny", "float32"))
+    tracer = tracer_for(w, lambda a, k: next(layouts), {"positions": "1-2,5", "include": ""})
+    tracer.attach(model)
+    prefill_ids, prefill_last = torch.tensor([3, 5, 7, 1, 2, 4, 6]), torch.tensor([3, 6])
+    with torch.no_grad():
+        model(prefill_ids, prefill_last)
+        for tok in ([4, 5], [6, 7], [8, 9]):
+            model(torch.tensor(tok), torch.tensor([0, 1]))
+    tracer.resolve_steps({"a": 0, "b": 1}.__getitem__, [4, 3])
+    tracer.detach()
+    w.close(complete=True)
+    expected = _reference_forward(model, prefill_ids, prefill_last)
+
+    trace = Trace(tmp_path)
+    assert trace.run.trace_options == {"positions": "1-2,5"}        # the trace says it is restricted
+    # Prefill: rows at positions 1 and 2 of both requests, plus each request's last row (a@3, b@2, already in);
+    # decode step 1 (positions 4, 3) has no position in the set: skipped; steps 2 and 3 each have one.
+    assert [s.phase for s in trace.steps] == ["prefill", "decode:2", "decode:3"]
+    assert [list(zip(s.seq, s.pos)) for s in trace.steps] == [[(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)],
+                                                             [(0, 5), (1, 4)], [(0, 6), (1, 5)]]
+    assert tracer.skipped_steps == 1
+    keep = torch.tensor([1, 2, 3, 5, 6])
+    for call in (c for c in trace.calls if c.step == 0):
+        _, want = expected[call.module]
+        got = trace.tensor(call.outputs[0])
+        if call.rows == "sampled":       # one row per request, both kept: stored whole
+            assert torch.equal(got, want), call.module
+        else:                            # token rows: exactly the kept rows, bit-exact
+            assert torch.equal(got, want[keep]), call.module
+    assert {c.rows for c in trace.calls if c.module == "head" and c.step == 0} == {"sampled"}
+
+
+def test_positions_restriction_slices_a_reference_batch_of_one_on_its_token_axis(tmp_path):
+    from ekka_core.capture.hooks import tracer_for
+
+    class PerHead(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # HF layouts: [1, L, 8] and, per head, [1, heads, L, head_dim]
+            return x * 2, x.view(1, x.shape[1], 2, 4).transpose(1, 2)
+
+    x = torch.randn(1, 6, 8)
+    w = TraceWriter(tmp_path, RunInfo("hf", "0", "reference", "tiny", "float32"))
+    tracer_root = PerHead()
+    tracer = tracer_for(w, lambda a, k: ([0] * 6, list(range(6))), {"positions": "2-3"}).attach(tracer_root)
+    with torch.no_grad():
+        tracer_root(x)
+    tracer.resolve_steps(lambda r: r, [4])
+    tracer.detach()
+    w.close(complete=True)
+    trace = Trace(tmp_path)
+    assert trace.steps[0].pos == [2, 3, 5]           # positions 2-3 and the sequence's last row
+    (call,) = trace.calls
+    keep = torch.tensor([2, 3, 5])
+    assert torch.equal(trace.tensor(call.outputs[0]), (x * 2)[:, keep])
+    assert torch.equal(trace.tensor(call.outputs[1]), x.view(1, 6, 2, 4).transpose(1, 2)[:, :, keep])
+    assert torch.equal(trace.tensor(call.inputs[0]), x[:, keep])
+
+
+def test_positions_option_is_validated_with_a_fix(tmp_path):
+    from ekka_core.spec import DiagnosisSpec
+
+    spec = DiagnosisSpec(model=str(tmp_path), prompts=["p"], trace_positions="4-2")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(BadInput, match="trace_positions item '4-2'") as e:
+        spec.validate()
+    assert "A-B" in e.value.fix
+    spec.trace_positions = "0-3,8-"
+    assert spec.validate().trace_options()["positions"] == "0-3,8-"

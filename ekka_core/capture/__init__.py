@@ -39,7 +39,9 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
     traces = out_dir / "traces"
     result = CaptureResult(traces / "target", traces / "reference", traces / "reference-fp32")
     stamp = traces / "spec.json"
-    fingerprint = spec.fingerprint() + _env_fingerprint(env)
+    if spec.target_trace:
+        result.target = Path(spec.target_trace)
+    fingerprint = spec.fingerprint() + _env_fingerprint(env) + _trace_fingerprint(spec.target_trace)
     if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
             and all(_complete(p) for p in (result.target, result.reference, result.reference_fp32)):
         progress("reusing traces (inputs unchanged; --fresh to re-capture)")
@@ -50,8 +52,12 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
     spec_file = traces / "spec.in.json"
     spec_file.write_text(json.dumps(spec.to_json()))
 
-    progress(f"tracing the target ({spec.target}, {spec.dtype})")
-    _worker("target", spec_file, result.target, env)
+    if spec.target_trace:
+        progress(f"using the target trace {spec.target_trace} (captured outside Ekka)")
+        result.target = external_target(spec)
+    else:
+        progress(f"tracing the target ({spec.target}, {spec.dtype})")
+        _worker("target", spec_file, result.target, env)
     progress(f"tracing the reference (hf, {spec.dtype} and float32, teacher-forced)")
     _worker("reference", spec_file, result.reference, env, extra=[str(result.target), str(result.reference_fp32)])
     stamp.write_text(json.dumps({"fingerprint": fingerprint, "spec": spec.to_json()}))
@@ -65,6 +71,56 @@ ENGINE_ENV = ("EKKA_INJECT_BUG",)
 def _env_fingerprint(env: dict[str, str] | None) -> str:
     effective = {**os.environ, **(env or {})}
     return "".join(f"|{k}={effective[k]}" for k in ENGINE_ENV if effective.get(k))
+
+
+def _trace_fingerprint(path: str) -> str:
+    index = Path(path) / INDEX if path else None
+    return f"|trace={index.stat().st_mtime_ns}" if index is not None and index.exists() else ""
+
+
+def spec_for_trace(trace_dir: Path, *, model: str | None = None, **fields: object) -> DiagnosisSpec:
+    """A spec that diagnoses a target trace captured outside Ekka (EKKA_TRACE_DIR under ``vllm serve`` or a user's
+    own script): model and dtype from the trace unless given; its requests stand in for the prompts."""
+    trace = _read_external(Path(trace_dir))
+    run = trace.run
+    prompts = run.prompts or [f"(request {i}: {n} prompt tokens)" for i, n in enumerate(run.prompt_lens)]
+    return DiagnosisSpec(model=model or run.model, prompts=prompts, target=run.framework,
+                         dtype=run.dtype.removeprefix("torch."), max_new_tokens=max(1, max(
+                             (len(g) for g in run.generated_ids), default=1)),
+                         target_trace=str(trace_dir), **fields)  # type: ignore[arg-type]
+
+
+def external_target(spec: DiagnosisSpec) -> Path:
+    """The external target trace, checked to be closed and to describe this diagnosis (same model dtype)."""
+    path = Path(spec.target_trace)
+    run = _read_external(path).run
+    if run.dtype.removeprefix("torch.") != spec.dtype:
+        raise BadInput(f"the target trace {path} ran in {run.dtype}, the diagnosis asks for {spec.dtype}",
+                       fix=f"pass --dtype {run.dtype.removeprefix('torch.')} (the reference must use the target's)")
+    return path
+
+
+def _read_external(path: Path) -> Trace:
+    ranks = sorted(path.glob("rank-*/"), key=lambda d: int(d.name.removeprefix("rank-")))
+    if ranks and not (path / INDEX).exists():        # tensor parallel: one trace per rank, merged once, kept
+        from ekka_core.capture.unshard import unshard
+        for r in ranks:
+            _read_closed(r)
+        unshard(ranks, path)
+    return _read_closed(path)
+
+
+def _read_closed(path: Path) -> Trace:
+    trace = Trace(path)
+    run = trace.run
+    if not run.complete:
+        raise BadInput(f"the target trace {path} is not usable: {run.failure or 'it was cut short'}",
+                       fix="capture it again (Ekka's plugin closes an EKKA_TRACE_DIR trace after every engine step, "
+                           "so this one stopped inside its first step or failed as said); the trace is kept")
+    if not run.token_ids:
+        raise BadInput(f"the target trace {path} does not say which tokens it ran",
+                       fix="capture it with EKKA_TRACE_DIR and Ekka's vLLM plugin installed, or with ekka diagnose")
+    return trace
 
 
 def _complete(path: Path) -> bool:

@@ -6,13 +6,15 @@ with the root module's arguments, which returns which (request, position) each r
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ekka_core.capture.trace import ModuleCall, Step, TensorRef, TraceWriter
+from ekka_core.capture.trace import ModuleCall, Step, TensorRef, TraceWriter, token_axis
+from ekka_core.spec import PositionRanges, in_positions, parse_positions
 
 # HF passes these as keyword arguments to every layer; they are bookkeeping, not activations of the module.
 _SKIPPED_KWARGS = {"attention_mask", "past_key_values", "past_key_value", "position_embeddings", "cache_position",
@@ -40,24 +42,45 @@ def _source(obj: Any) -> tuple[str | None, int | None]:
 
 def tracer_for(writer: TraceWriter, layout: Callable[[tuple, dict], Layout], options: dict[str, str] | None
                ) -> "ModuleTracer":
-    """A tracer configured by a spec's trace options (module regex, storage dtype)."""
+    """A tracer configured by a spec's trace options (module regex, storage dtype, token positions); the options
+    are recorded in the trace so that a restricted trace says so."""
     import re
 
-    options = options or {}
+    options = {k: v for k, v in (options or {}).items() if v}
+    writer.run.trace_options = dict(options)
     if options.get("store_dtype"):
         writer.store_dtype = getattr(torch, options["store_dtype"])
     pattern = re.compile(options["include"]) if options.get("include") else None
-    return ModuleTracer(writer, layout, include=(lambda name: bool(pattern.search(name))) if pattern else None)
+    positions = parse_positions(options["positions"]) if options.get("positions") else None
+    return ModuleTracer(writer, layout, include=(lambda name: bool(pattern.search(name))) if pattern else None,
+                        positions=positions)
+
+
+def kept_rows(reqs: list[Any], pos: list[int], positions: PositionRanges) -> list[int]:
+    """Rows of one step to record under a positions restriction: those at a position in the set, plus — when any
+    is — each request's last row in the step, where the engine samples (the logits are one row per request, and
+    the aligner keys them by that last position). A step with no position in the set records nothing."""
+    keep = {i for i, p in enumerate(pos) if in_positions(positions, p)}
+    if not keep:
+        return []
+    last = {r: i for i, r in enumerate(reqs) if r is not None}
+    return sorted(keep | set(last.values()))
 
 
 class ModuleTracer:
     """Install with :meth:`attach`; every forward of the root starts a new step."""
 
     def __init__(self, writer: TraceWriter, layout: Callable[[tuple, dict], Layout],
-                 *, include: Callable[[str], bool] | None = None):
+                 *, include: Callable[[str], bool] | None = None, positions: PositionRanges | None = None):
         self.writer = writer
         self.layout = layout
         self.include = include or (lambda name: True)
+        self.positions = positions
+        # This step under a positions restriction: skipped entirely, or the rows kept out of how many.
+        self._skip_step = False
+        self._rows: torch.Tensor | None = None
+        self._step_rows = 0
+        self.skipped_steps = 0
         self.handles: list[Any] = []
         self._step_req: list[list[Any]] = []   # raw request ids per step (resolved at close)
         self._names: dict[int, str] = {}
@@ -101,7 +124,7 @@ class ModuleTracer:
         path = self._path(module)
         self._stack.append(path)
         self._parent_ids.append(id(module))
-        if not self.writer.steps or not self.include(path):
+        if not self._recording() or not self.include(path):
             self._inputs.append(None)
             return
         self._entries += 1
@@ -112,9 +135,22 @@ class ModuleTracer:
     def _store_input(self, key: str, x: Any) -> TensorRef | str | None:
         if isinstance(x, torch.Tensor):
             seen = self._seen.get(id(x))
-            if seen is not None and seen[1] is x and seen[2].shape == x.shape and torch.equal(seen[2], x.detach()):
-                return seen[0]
+            if seen is not None and seen[1] is x:
+                kept = self._restrict(x.detach())
+                if seen[2].shape == kept.shape and torch.equal(seen[2], kept):
+                    return seen[0]
         return self._store(key, x)
+
+    def _recording(self) -> bool:
+        """Inside a traced step (not warm-up before the first, not a step the positions restriction skips)."""
+        return bool(self.writer.steps) and not self._skip_step
+
+    def _restrict(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows of ``x`` this step keeps under a positions restriction (its token axis sliced)."""
+        if self._rows is None:
+            return x
+        axis = token_axis(list(x.shape), self._step_rows)
+        return x if axis is None else x.index_select(axis, self._rows.to(x.device))
 
     def detach(self) -> None:
         self._check_mutations()
@@ -137,6 +173,16 @@ class ModuleTracer:
     def _start_step(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._check_mutations()
         reqs, pos = self.layout(args, kwargs)
+        self._skip_step, self._rows, self._step_rows = False, None, len(pos)
+        if self.positions is not None:
+            keep = kept_rows(reqs, pos, self.positions)
+            if not keep:
+                self._skip_step = True
+                self.skipped_steps += 1
+                return
+            if len(keep) < len(pos):
+                self._rows = torch.tensor(keep, dtype=torch.long)
+                reqs, pos = [reqs[i] for i in keep], [pos[i] for i in keep]
         step = Step(index=len(self.writer.steps), phase="", seq=[], pos=list(pos))
         self.writer.steps.append(step)
         self._step_req.append(list(reqs))
@@ -146,8 +192,8 @@ class ModuleTracer:
         if self._parent_ids:
             self._parent_ids.pop()
         stored_inputs = self._inputs.pop() if self._inputs else None
-        if not self.writer.steps or not self.include(path) or stored_inputs is None:
-            return  # outside any traced step (warm-up), or excluded by the user's module filter
+        if not self._recording() or not self.include(path) or stored_inputs is None:
+            return  # outside any traced step (warm-up, skipped positions), or excluded by the module filter
         self.fired += 1
         w = self.writer
         step = w.steps[-1]
@@ -184,7 +230,7 @@ class ModuleTracer:
     def record_function(self, name: str, fn: Any, args: tuple, output: Any) -> None:
         """Record a plain function call (HF's ``apply_rotary_pos_emb``) as a pseudo-module under its caller:
         the reference computes some components with functions, and they must be comparable too."""
-        if not self.writer.steps or not self._stack:
+        if not self._recording() or not self._stack:
             return
         step = self.writer.steps[-1]
         index = len(self.writer.calls)
@@ -202,7 +248,7 @@ class ModuleTracer:
         if x is None:
             return None
         if isinstance(x, torch.Tensor):
-            return self.writer.add_tensor(key, x)
+            return self.writer.add_tensor(key, self._restrict(x))
         return _summary(x)
 
     def keep_raw_requests(self) -> None:
@@ -211,23 +257,16 @@ class ModuleTracer:
             if not step.seq:
                 step.req = [None if r is None else str(r) for r in reqs]
 
-    def flush_index(self) -> None:
-        self.keep_raw_requests()
-        self.writer.checkpoint()
-
     # -- closing ----------------------------------------------------------------------------------------------
     def resolve_steps(self, seq_of: Callable[[Any], int], prompt_lens: list[int]) -> None:
-        """Turn raw request ids into sequence indices and name each step's phase from prompt lengths."""
-        decode_k = 0
+        """Turn raw request ids into sequence indices and name each step's phase from prompt lengths: ``prefill``
+        while every row is in its prompt, else ``decode:k`` where k is the generated token being processed
+        (position − prompt length + 1, as the analysis names an onset) — right even when steps were skipped."""
         for step, reqs in zip(self.writer.steps, self._step_req):
             step.seq = [seq_of(r) if r is not None else -1 for r in reqs]
             step.req = None
-            in_prompt = all(p < prompt_lens[s] for s, p in zip(step.seq, step.pos) if s >= 0)
-            if in_prompt:
-                step.phase = "prefill"
-            else:
-                decode_k += 1
-                step.phase = f"decode:{decode_k}"
+            decoding = [p - prompt_lens[s] + 1 for s, p in zip(step.seq, step.pos) if s >= 0 and p >= prompt_lens[s]]
+            step.phase = f"decode:{max(decoding)}" if decoding else "prefill"
 
 
 def _flatten(xs: list[Any]) -> list[Any]:
@@ -246,6 +285,10 @@ def _flatten_output(output: Any) -> tuple[list[str], list[Any]]:
         return names, [output[k] for k in names]
     if isinstance(output, (tuple, list)):
         return [], _flatten(list(output))
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        # SGLang's LogitsProcessorOutput: the logits are its first tensor field (next_token_logits).
+        names = [f.name for f in dataclasses.fields(output) if isinstance(getattr(output, f.name), torch.Tensor)]
+        return names, [getattr(output, n) for n in names]
     return [], [output]
 
 

@@ -95,8 +95,27 @@ class RunInfo:
     declared: dict[str, Any] = field(default_factory=dict)
     tp_rank: int = 0
     tp_size: int = 1
+    # The size-control options this trace was captured with (module regex, storage dtype, token positions): a
+    # restricted trace says so, and the aligner compares only the rows both sides kept.
+    trace_options: dict[str, str] = field(default_factory=dict)
     complete: bool = False
     failure: str | None = None
+
+
+def token_axis(shape: list[int] | tuple[int, ...], n: int) -> int | None:
+    """The axis of an activation that holds a step's ``n`` tokens, or None when it has none.
+
+    Engines pass flat ``[n, …]`` batches (axis 0). A reference batch of one is ``[1, L, …]`` or, per head,
+    ``[1, heads, L, d]``: the second-to-last axis when it is ``n``, else the first axis of size ``n``."""
+    if shape and shape[0] == n and (len(shape) == 1 or n == 1 or shape[0] != 1):
+        return 0
+    if shape and shape[0] == 1:
+        if len(shape) >= 3 and shape[-2] == n:
+            return len(shape) - 2
+        for axis in range(1, len(shape)):
+            if shape[axis] == n:
+                return axis
+    return None
 
 
 class TraceWriter:

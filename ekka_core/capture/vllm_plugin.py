@@ -6,14 +6,16 @@ alongside every other installed plugin — Ekka never changes which plugins load
 * a worker method ``ekka_trace_control(cmd, …)``, so a driver can start and close tracing in every worker with
   ``LLM.collective_rpc("ekka_trace_control", …)`` — plain data over the wire, no pickled callables;
 * ``EKKA_TRACE_DIR=DIR`` (for engines Ekka does not drive, e.g. ``vllm serve``): each worker starts tracing at its
-  first real ``execute_model`` (warm-up passes never get there) and rewrites its index after every step, so the trace
-  on disk is always readable (marked incomplete until the process exits cleanly);
+  first real ``execute_model`` (warm-up passes never get there), learns each request's tokens from the rows it
+  processes, and closes its index after every step, so the trace on disk is usable at any time, however the
+  server is stopped; ``ekka diagnose --target-trace DIR`` then teacher-forces the reference on it;
 * ``EKKA_INJECT_BUG=<name>``: re-injects a known historical bug (benchmark and demo only).
 """
 
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util
 import os
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,17 @@ def _autostart(directory: Path) -> None:
             vllm_tracing.start_on_runner(self, str(directory), {"framework": "vllm", "role": "target",
                                                                 "model": str(self.model_config.model),
                                                                 "dtype": str(self.model_config.dtype)},
-                                         flush_every_step=True)
-            atexit.register(vllm_tracing.close, {}, [], [], [], [], None)
-        return original(self, *args, **kwargs)
+                                         served=True)
+            # Engine processes started by multiprocessing leave through os._exit, which skips atexit; its own
+            # exit finalizers still run (and in a plain process they run from atexit). Closing twice is a no-op.
+            multiprocessing.util.Finalize(None, vllm_tracing.close_served, exitpriority=100)
+            atexit.register(vllm_tracing.close_served)
+        try:
+            out = original(self, *args, **kwargs)
+        except BaseException as e:
+            vllm_tracing.step_done(failure=f"the engine failed in a step: {type(e).__name__}: {e}"[:300])
+            raise
+        vllm_tracing.step_done()
+        return out
 
     gpu_model_runner.GPUModelRunner.execute_model = execute_model

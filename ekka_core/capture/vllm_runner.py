@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ekka_core.capture.trace import RunInfo
-from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.errors import BadInput, InternalFailure, engine_start_error
 from ekka_core.spec import DiagnosisSpec
 
 
@@ -60,15 +60,8 @@ def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
 
     try:
         llm = LLM(**args)
-    except Exception as e:  # vLLM reports unsupported architectures and bad configs as plain exceptions
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
-        # vLLM wraps config errors in a pydantic ValidationError: the telling line is not the first one.
-        unsupported = next((ln for ln in lines if "not supported" in ln.lower()), None)
-        if unsupported:
-            raise BadInput(f"vLLM cannot load {spec.model}: {unsupported.split('Supported architectures')[0]}",
-                           fix="use an architecture this vLLM release supports") from e
-        msg = lines[0]
-        raise InternalFailure(f"vLLM failed to start: {msg}") from e
+    except Exception as e:
+        raise engine_start_error("vLLM", spec.model, e) from e
 
     tokenizer = llm.get_tokenizer()
     own_ids = [list(tokenizer.encode(p)) for p in spec.prompts]

@@ -16,6 +16,7 @@ from ekka_core.capture.hooks import ModuleTracer, tracer_for
 from ekka_core.capture.trace import RunInfo, TraceWriter
 
 _TRACER: ModuleTracer | None = None
+_SERVED: "ServedRequests | None" = None
 
 
 def active() -> ModuleTracer | None:
@@ -27,8 +28,11 @@ def start(worker: Any, out_dir: str, run: dict[str, Any], options: dict[str, str
     return start_on_runner(worker.model_runner, out_dir, run, options=options)
 
 
-def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, flush_every_step: bool = False,
+def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, served: bool = False,
                     options: dict[str, str] | None = None) -> dict[str, Any]:
+    """Attach a tracer to the runner's model. ``served``: nobody will tell the tracer which requests were whose
+    (``vllm serve``, a user's own script): it learns each request's tokens from the rows it sees, and
+    :func:`step_done` closes the trace on disk after every step."""
     global _TRACER
     import vllm
     from vllm.distributed import parallel_state
@@ -43,6 +47,8 @@ def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, flush_eve
     info.declared = declared_weight_mapping(model)
     info.declared["tp_layout"] = tp_layout(model)
     writer = TraceWriter(directory, info)
+    global _SERVED
+    _SERVED = ServedRequests() if served else None
 
     def layout(args: tuple, kwargs: dict) -> tuple[list[Any], list[int]]:
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
@@ -54,21 +60,38 @@ def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, flush_eve
         for i, rid in enumerate(batch.req_ids[:n]):
             for row in range(starts[i], starts[i + 1]):
                 reqs[row] = rid
-        if flush_every_step and _TRACER is not None and writer.steps:
-            _TRACER.flush_index()
+        if _SERVED is not None:
+            input_ids = kwargs.get("input_ids", args[0] if args else None)
+            _SERVED.see(reqs, pos, input_ids, runner.requests)
         return reqs, pos
 
     _TRACER = tracer_for(writer, layout, options).attach(model)
     return {"rank": tp_rank, "dir": str(directory), "pid": os.getpid()}
 
 
+def step_done(failure: str | None = None) -> None:
+    """After each engine step of a served run: rewrite the index so the trace on disk describes every step so far,
+    closed and usable at once — a server is stopped by signals that may kill its workers before any exit hook."""
+    if _TRACER is not None and _SERVED is not None:
+        _SERVED.write_into(_TRACER, failure)
+
+
+def close_served() -> dict[str, Any]:
+    """Close an autostarted trace (at engine exit) with what it learnt of the requests itself."""
+    if _TRACER is None or _SERVED is None:
+        return {"calls": 0, "steps": 0, "fired": 0}
+    seq_by_req, token_ids, prompt_lens, generated, problem = _SERVED.sequences()
+    return close(seq_by_req, prompt_lens, token_ids, generated, [], problem)
+
+
 def close(seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[list[int]],
           generated: list[list[int]], own_prompt_ids: list[list[int]], failure: str | None) -> dict[str, Any]:
-    global _TRACER
+    global _TRACER, _SERVED
     tracer = _TRACER
     if tracer is None:
         return {"calls": 0, "steps": 0, "fired": 0}
     tracer.detach()
+    _SERVED = None
 
     def seq_of(rid: str) -> int:
         if rid in seq_by_req:
@@ -91,6 +114,60 @@ def close(seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[li
     _TRACER = None
     return {"calls": len(tracer.writer.calls), "steps": len(tracer.writer.steps), "fired": tracer.fired,
             "rank": run.tp_rank}
+
+
+class ServedRequests:
+    """The requests of a run Ekka does not drive, learnt from the rows the model processes: which token each
+    request fed at each position, and its prompt length (from the runner's request state). Sequences are numbered
+    in order of first appearance; a request's tokens are its prompt plus the generated tokens fed back in."""
+
+    def __init__(self) -> None:
+        self.seq: dict[str, int] = {}
+        self.tokens: dict[str, dict[int, int]] = {}
+        self.prompt_len: dict[str, int] = {}
+
+    def see(self, reqs: list[Any], pos: list[int], input_ids: Any, requests: dict[str, Any]) -> None:
+        ids = input_ids.tolist() if input_ids is not None else [None] * len(pos)
+        for rid, p, tok in zip(reqs, pos, ids):
+            if rid is None:
+                continue
+            if rid not in self.seq:
+                self.seq[rid] = len(self.seq)
+                state = requests.get(rid)
+                prompt = getattr(state, "prompt_token_ids", None)
+                if prompt is not None:
+                    self.prompt_len[rid] = len(prompt)
+            self.tokens.setdefault(rid, {})[p] = tok
+
+    def sequences(self) -> tuple[dict[str, int], list[list[int]], list[int], list[list[int]], str | None]:
+        """(sequence of each request, token ids, prompt lengths, generated ids fed back, what is missing)."""
+        token_ids, prompt_lens, generated, problems = [], [], [], []
+        for rid in self.seq:
+            toks = self.tokens[rid]
+            n = max(toks) + 1
+            gaps = [p for p in range(n) if p not in toks]
+            ids = [toks.get(p) for p in range(n)]
+            plen = self.prompt_len.get(rid, n)
+            if gaps:
+                problems.append(f"request {rid}: positions {gaps[:4]} were never computed (prefix caching reused "
+                                "them); restart the engine with prefix caching off (--no-enable-prefix-caching)")
+            elif any(t is None for t in ids):
+                problems.append(f"request {rid}: the model was fed embeddings, not token ids")
+            token_ids.append([t if t is not None else -1 for t in ids])
+            prompt_lens.append(plen)
+            generated.append(token_ids[-1][plen:])
+        return dict(self.seq), token_ids, prompt_lens, generated, "; ".join(problems) or None
+
+    def write_into(self, tracer: ModuleTracer, failure: str | None = None) -> None:
+        """Name every recorded step's sequences and phases and write the index: complete unless a step failed,
+        a request's tokens are not all known, or no hook fired."""
+        seq_by_req, token_ids, prompt_lens, generated, problem = self.sequences()
+        run = tracer.writer.run
+        run.token_ids, run.prompt_lens, run.generated_ids = token_ids, prompt_lens, generated
+        tracer.resolve_steps(lambda rid: seq_by_req.get(rid, -1), prompt_lens)
+        failure = failure or problem or (None if tracer.fired else "no module hook fired: the model ran under "
+                                                                   "CUDA graphs or torch.compile")
+        tracer.writer.close(complete=failure is None, failure=failure)
 
 
 def declared_weight_mapping(model: Any) -> dict[str, Any]:
