@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/capture_overhead.py [--runs 2] [--reps 3] [--threads 1] [--prompt-tokens 128]
                                                     [--max-new-tokens 8] [--profile] [--keep DIR]
+                                                    [--trace-positions RANGES]
 
 Model: the zoo's llama made larger (hidden 1024, 8 layers, 16 heads, 4 KV heads, head_dim 64, intermediate 2816),
 bf16, one prompt of exactly ``--prompt-tokens`` token ids (fed as ids, so its length is exact), greedy,
@@ -164,7 +165,7 @@ def child(cfg: dict) -> None:
         if profiler is not None:
             profiler.enable()
         w0, c0 = time.perf_counter(), _cpu_s()
-        llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), info))
+        llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), info, cfg["options"]))
         w1 = time.perf_counter()
         outputs = llm.generate(prompt, params, use_tqdm=False)
         w2, c2 = time.perf_counter(), _cpu_s()
@@ -252,6 +253,8 @@ def main() -> None:
                          "shared 2-core box, vLLM's OpenMP threads spin against other processes and every small "
                          "torch op then costs milliseconds, which swamps what is being measured")
     ap.add_argument("--profile", action="store_true", help="also isolate hook / clone / write costs")
+    ap.add_argument("--trace-positions", default=None, metavar="RANGES",
+                    help='trace only these token positions (the spec option, e.g. "120-")')
     ap.add_argument("--keep", type=Path, help="keep the traces under this directory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -269,11 +272,13 @@ def main() -> None:
         raise SystemExit(f"the text only has {len(ids)} tokens")
     root = a.keep or Path(tempfile.mkdtemp(prefix="ekka-overhead-"))
     print(f"model {model} (llama, {OVERRIDES}), bf16, prompt {len(ids)} tokens, "
-          f"max_new_tokens {a.max_new_tokens}, {a.runs} process(es) x {a.reps} alternations", flush=True)
+          f"max_new_tokens {a.max_new_tokens}, {a.runs} process(es) x {a.reps} alternations"
+          + (f", trace positions {a.trace_positions!r}" if a.trace_positions else ""), flush=True)
 
     def cfg(variant: str, k: int) -> dict:
         return {"variant": variant, "model": model, "prompt_ids": ids, "max_new_tokens": a.max_new_tokens,
-                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps, "threads": a.threads}
+                "out_dir": str(root / f"{variant}-{k}"), "reps": a.reps, "threads": a.threads,
+                "options": {"positions": a.trace_positions or ""}}
 
     try:
         report(a, cfg, root)

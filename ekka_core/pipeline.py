@@ -17,7 +17,7 @@ from ekka_core.align import Traces, align
 from ekka_core.analysis import Ranking, analyse
 from ekka_core.capture import capture, load
 from ekka_core.capture.trace import Trace
-from ekka_core.mapping import map_components
+from ekka_core.mapping import map_components, rules_enabled
 from ekka_core.report import build_report, write_report
 from ekka_core.spec import DiagnosisSpec
 from ekka_core.tree import build_tree, call_site
@@ -33,8 +33,12 @@ class Diagnosis:
 
 
 def diagnose(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
-             progress: Progress = lambda stage, msg: None, env: dict[str, str] | None = None) -> Diagnosis:
+             progress: Progress = lambda stage, msg: None, env: dict[str, str] | None = None,
+             agent_config: AgentConfig | None = None) -> Diagnosis:
+    """``env`` adds to the environment the engines and the stages read (EKKA_INJECT_BUG, EKKA_MAPPING_RULES,
+    ANTHROPIC_API_KEY, …); ``agent_config`` replaces the agent's configuration read from it."""
     spec.validate()
+    environ = {**os.environ, **(env or {})}
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
     captured = capture(spec, out_dir, fresh=fresh, progress=lambda m: progress("capture", m), env=env)
@@ -53,11 +57,13 @@ def diagnose(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
     progress("tree", "building model trees")
     t_tree, r_tree = build_tree(target), build_tree(reference)
     progress("mapping", "mapping components")
-    mapping = map_components(t_tree, r_tree)
+    mapping = map_components(t_tree, r_tree, rules=rules_enabled(environ))
     traces = Traces(target, reference, reference_fp32)
     # What the rules left with "no rule": knowledge base first ($0), then the agent if a key is set. Never raises.
+    # A session that calls the API leaves its transcript next to the report.
     agent = complete_mapping(mapping, t_tree, r_tree, traces=traces,
-                             config=AgentConfig.from_env({**os.environ, **(env or {})}))
+                             config=agent_config if agent_config is not None else AgentConfig.from_env(environ),
+                             transcript_dir=out_dir)
     if agent.status != "nothing-to-do":
         progress("mapping", agent.summary())
     mapping.save(out_dir / "mapping.json")

@@ -15,6 +15,10 @@ e.g. that a ``tool_result`` with ``is_error: true`` came back, or that no reques
 
 A queue item may also be a callable ``f(request_body) -> item`` for replies that depend on the request. When the
 queue is empty the fake answers HTTP 500 ``api_error`` "fake Anthropic: no scripted reply left" (and records it).
+
+``FakeAnthropic(estimate_usage=True)`` replaces each reply's scripted ``usage`` by an *estimate* from the sizes:
+input tokens = characters of the request's JSON body / 4, output tokens = characters of the reply's content JSON
+/ 4 (:data:`CHARS_PER_TOKEN`). It is not Anthropic's tokenizer — only a size that grows with what was really sent.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 _ids = itertools.count(1)
+CHARS_PER_TOKEN = 4
 
 
 def text(s: str) -> dict[str, Any]:
@@ -51,7 +56,8 @@ def message(content: list[dict[str, Any]], *, stop_reason: str | None = None, us
 class FakeAnthropic:
     """A scripted fake of the Anthropic Messages API (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, estimate_usage: bool = False) -> None:
+        self.estimate_usage = estimate_usage
         self.queue: deque[Any] = deque()
         self.requests: list[dict[str, Any]] = []
         self._server: ThreadingHTTPServer | None = None
@@ -125,6 +131,10 @@ class FakeAnthropic:
                         "type": "not_found_error", "message": f"fake Anthropic: no route {self.path}"}}}
                 if item.get("delay"):
                     time.sleep(item["delay"])
+                if fake.estimate_usage and item["status"] == 200 and "usage" in item["body"]:
+                    item = {**item, "body": {**item["body"], "usage": {
+                        **item["body"]["usage"], "input_tokens": max(1, len(raw) // CHARS_PER_TOKEN),
+                        "output_tokens": max(1, len(json.dumps(item["body"]["content"])) // CHARS_PER_TOKEN)}}}
                 data = json.dumps(item["body"]).encode()
                 try:
                     self.send_response(item["status"])

@@ -159,6 +159,18 @@ def test_decoder_layer_compares_the_summed_residual_stream(mapping):
     assert q is not None and q.target.select == "first" and q.compare_inputs is True
 
 
+def test_sglang_decoder_layers_are_compared_through_their_parts_not_their_output():
+    """SGLang ≥ 0.5 returns a layer's MLP contribution and keeps the residual elsewhere (read from its 0.5.23
+    llama.py): a same-path layer pair would be divergent on a correct engine. Its parts still map."""
+    target = vllm_tree()
+    target.framework = "sglang"
+    m = map_components(target, hf_tree())
+    u = _unmapped(m, "model.layers.0")
+    assert u is not None and "residual stream outside the decoder layer" in u.reason
+    assert m.pair("model.layers.0") is None and m.pair("model.layers.0.mlp.down_proj") is not None
+    assert m.validate(target) == []
+
+
 def test_root_is_unmapped_with_a_reason(mapping):
     u = _unmapped(mapping, "")
     assert u is not None and u.reason and not u.reason.startswith("no rule")
@@ -225,3 +237,28 @@ def test_edited_mapping_loads_the_edit(mapping, tmp_path):
     path.write_text(json.dumps(d))
     loaded = Mapping.load(path)
     assert loaded != mapping and _unmapped(loaded, "x.y").reason == "explained by hand"
+
+
+def test_aligner_source_round_trips_and_old_mappings_without_it_still_load(mapping, tmp_path):
+    path = tmp_path / "mapping.json"
+    mapping.pair("model.layers.0.mlp.act_fn").aligner = "def align(target, reference, meta):\n    return 1, 1\n"
+    mapping.save(path)
+    assert Mapping.load(path) == mapping
+    d = json.loads(path.read_text())
+    for p in d["pairs"]:
+        del p["aligner"]                                    # a mapping.json written before the field existed
+    path.write_text(json.dumps(d))
+    old = Mapping.load(path)
+    assert all(p.aligner is None for p in old.pairs) and len(old.pairs) == len(mapping.pairs)
+
+
+def test_rules_off_leaves_every_module_to_the_agent(monkeypatch):
+    from ekka_core.mapping import RULES_OFF_REASON, rules_enabled
+    target = vllm_tree()
+    off = map_components(target, hf_tree(), rules=False)
+    assert off.pairs == [] and [u.module for u in off.unmapped] == list(target.modules)
+    assert all(u.reason == RULES_OFF_REASON and u.reason.startswith("no rule") for u in off.unmapped)
+    monkeypatch.setenv("EKKA_MAPPING_RULES", "off")
+    assert not rules_enabled() and map_components(target, hf_tree()).pairs == []
+    assert map_components(target, hf_tree(), rules=True).pairs                 # the keyword wins
+    assert rules_enabled({"EKKA_MAPPING_RULES": "on"}) and rules_enabled({})

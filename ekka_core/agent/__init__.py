@@ -11,12 +11,15 @@ left as ``Unmapped(reason="no rule: …")``; rule-made pairs are never touched. 
    ``explain_unmapped``, ``propose_aligner`` (sandboxed, self-checked), ``finish``. After ``finish`` a
    **validator** (:mod:`ekka_core.agent.proposals`) checks every proposal; its problems go back to the model for
    at most ``max_rounds`` rounds. A **hard budget** (input/output tokens, dollars from a per-model price table) is
-   checked before every call. Validated results are written to the knowledge base.
+   checked before every call. Validated results are written to the knowledge base; a validated aligner rides on
+   its pair (``ComponentPair.aligner``) into the align stage, which runs it sandboxed. Every session that calls the
+   API leaves a transcript in the report directory (:mod:`ekka_core.agent.transcript`).
 3. **Never a crash**: no API key, network down, 401, persistent 429/5xx, timeouts, budget spent, malformed tool
    calls — each ends as an :class:`AgentOutcome` ``status`` and an ``unchecked: …`` reason on every component left
    unmapped.
 
-    outcome = complete_mapping(mapping, t_tree, r_tree, traces=Traces(...), config=AgentConfig.from_env())
+    outcome = complete_mapping(mapping, t_tree, r_tree, traces=Traces(...), config=AgentConfig.from_env(),
+                               transcript_dir=out_dir)
     report["agent"] = outcome.to_json()
 """
 

@@ -10,6 +10,7 @@ confirmed. The checks:
 * every named module exists in its tree; relation, port and select are well-formed and agree with the modules;
 * ``split_sizes``: one per reference module, each the reference module's width when known, summing to the
   target's width when known (from the traces' rows, else the tree's ``out_features``);
+* with traces: a ``scale`` gives the target the reference's magnitude (within :data:`SCALE_MAGNITUDE`);
 * with traces: the pair aligns as the align stage would align it (same rows, same shape) — unless an aligner
   proposed for the component passed the sandbox's self-checks;
 * an explanation is a real reason (not empty, not "no rule", not "unchecked");
@@ -30,6 +31,8 @@ RELATIONS = ("1:1", "1:N", "N:1", "shared")
 PORTS = ("output", "input")
 SELECTS = ("first", "stream", "all")
 LAYER = "{i}"
+# The scaled target's magnitude must be within this factor of the reference's (see Validator._check_scale).
+SCALE_MAGNITUDE = 1.25
 
 
 def valid_select(s: str) -> bool:
@@ -205,7 +208,12 @@ class Validator:
                          "widths are not known from the tree")
         if probs or self.traces is None or comp in self.aligned:
             return probs
-        probs = self._check_alignable(pair)
+        try:
+            aligned = self._align(pair)
+        except Exception as e:                       # AlignmentError, or shapes the gatherer cannot read
+            return [f"the pair does not align as declared: {e}"]
+        if aligned is not None and pair.target.scale is not None:
+            probs = self._check_scale(pair, aligned)
         if not probs and pair.relation == "1:N" and hasattr(self.traces, "reference"):
             try:
                 from ekka_core.agent.tensors import order_problem
@@ -216,17 +224,26 @@ class Validator:
                 probs.append(problem)
         return probs
 
-    def _check_alignable(self, pair: ComponentPair) -> list[str]:
+    @staticmethod
+    def _check_scale(pair: ComponentPair, aligned: Any) -> list[str]:
+        """A ``scale`` is a constant the other side folds into its own module: the scaled target must have the
+        reference's magnitude. Such constants depend on the model's configuration (Gemma's sqrt(hidden_size)
+        embedding normaliser), so a knowledge-base entry made on another size must not pass."""
+        ratio = float(aligned.target.norm() / aligned.reference.norm().clamp_min(1e-30))
+        if 1 / SCALE_MAGNITUDE <= ratio <= SCALE_MAGNITUDE:
+            return []
+        return [f"scale {pair.target.scale:g} makes the target {ratio:.3g}× the reference's magnitude; a scale of "
+                f"about {pair.target.scale / ratio:.3g} would match (such a constant depends on the model's "
+                "configuration)"]
+
+    def _align(self, pair: ComponentPair) -> Any:
+        """The pair aligned as the align stage would (None without all three traces)."""
         traces = self.traces
         if not all(hasattr(traces, a) for a in ("target", "reference", "reference_fp32")):
-            return []
-        try:
-            from ekka_core.align import _calls_by_module, align_pair
-            index = {id(tr): _calls_by_module(tr) for tr in (traces.target, traces.reference, traces.reference_fp32)}
-            align_pair(pair, traces, index, -1)
-        except Exception as e:                       # AlignmentError, or shapes the gatherer cannot read
-            return [f"the pair does not align as declared: {e}"]
-        return []
+            return None
+        from ekka_core.align import _calls_by_module, align_pair
+        index = {id(tr): _calls_by_module(tr) for tr in (traces.target, traces.reference, traces.reference_fp32)}
+        return align_pair(pair, traces, index, -1)
 
     def width(self, side: str, module: str, port: str, select: str) -> int | None:
         """Row width of an endpoint: from the traces when given (exact), else the tree's out_features (output,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ekka_core.agent.api import (REASON_BUDGET, REASON_DISABLED, REASON_FAILED, REASON_GAVE_UP, REASON_NO_KEY,
@@ -11,8 +12,9 @@ from ekka_core.agent.api import (REASON_BUDGET, REASON_DISABLED, REASON_FAILED, 
 from ekka_core.agent.budget import Budget, BudgetExceeded, Usage, estimate_tokens
 from ekka_core.agent.config import AgentConfig
 from ekka_core.agent.kb import KBKey, KnowledgeBase, major_minor
-from ekka_core.agent.proposals import Explanation, Proposal, Validator, Verdict, generalize
+from ekka_core.agent.proposals import Explanation, Proposal, Validator, Verdict, generalize, instantiate, match
 from ekka_core.agent.tools import TOOLS, Toolbox, check_args
+from ekka_core.agent.transcript import Transcript
 from ekka_core.mapping import Mapping, Unmapped
 from ekka_core.tree import ModelTree
 
@@ -60,6 +62,7 @@ class AgentOutcome:
     aligners: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    transcript: dict[str, str] | None = None                    # file names in the report directory
 
     @property
     def ok(self) -> bool:
@@ -100,7 +103,7 @@ class AgentOutcome:
                 "validator_problems": self.validator_problems,
                 "knowledge_base": {"key": self.kb_key, "used": self.kb_used, "written": self.kb_written},
                 "aligners": {c: {k: v for k, v in a.items() if k != "source"} for c, a in self.aligners.items()},
-                "events": self.events, "notes": self.notes}
+                "transcript": self.transcript, "events": self.events, "notes": self.notes}
 
 
 def kb_key(target: ModelTree, reference: ModelTree, traces: Any, config: AgentConfig) -> KBKey:
@@ -113,13 +116,15 @@ def kb_key(target: ModelTree, reference: ModelTree, traces: Any, config: AgentCo
 
 
 def complete_mapping(mapping: Mapping, target_tree: ModelTree, reference_tree: ModelTree, *, traces: Any = None,
-                     config: AgentConfig | None = None, client: Any = None) -> AgentOutcome:
+                     config: AgentConfig | None = None, client: Any = None,
+                     transcript_dir: Path | None = None) -> AgentOutcome:
     """Map what the rules left with ``no rule`` — from the knowledge base when it knows, else with the agent.
 
-    Updates ``mapping`` in place (new pairs; the rest of those components keep an ``Unmapped`` entry whose reason
-    says why) and returns what happened. Never raises for API, network, budget or model failures: those end as an
-    outcome ``status`` and an ``unchecked: …`` reason on each component left. Components the rules mapped or
-    explained are never touched."""
+    Updates ``mapping`` in place (new pairs, with the validated aligner of a pair that needs one; the rest of those
+    components keep an ``Unmapped`` entry whose reason says why) and returns what happened. Never raises for API,
+    network, budget or model failures: those end as an outcome ``status`` and an ``unchecked: …`` reason on each
+    component left. Components the rules mapped or explained are never touched. ``transcript_dir`` (the report
+    directory): where a session that calls the API writes its transcript (:mod:`ekka_core.agent.transcript`)."""
     config = config if config is not None else AgentConfig.from_env()
     out = AgentOutcome(model=config.model, budget=config.budget_json(), notes=list(config.notes))
     open_ = {u.module: u for u in mapping.unmapped if u.reason.startswith("no rule")}
@@ -127,7 +132,8 @@ def complete_mapping(mapping: Mapping, target_tree: ModelTree, reference_tree: M
         out.message = "the rules mapped or explained every component"
         return out
     out.asked = list(open_)
-    session = _Session(mapping, target_tree, reference_tree, traces, config, open_, out, client)
+    transcript = Transcript(transcript_dir, secret=config.api_key)
+    session = _Session(mapping, target_tree, reference_tree, traces, config, open_, out, client, transcript)
     try:
         session.run()
     except AgentStop as stop:
@@ -136,14 +142,22 @@ def complete_mapping(mapping: Mapping, target_tree: ModelTree, reference_tree: M
         session.stop = AgentStop("error", REASON_FAILED.format(why=f"{type(e).__name__}: {e}"[:200]),
                                  f"the agent failed: {type(e).__name__}: {e}")
     session.apply()
+    if transcript.started:
+        transcript.add("outcome", status=out.status, message=out.message, usage=out.usage.to_json(),
+                       mapped=out.mapped, explained=out.explained, unchecked=out.unchecked)
+        out.transcript = transcript.close()
+    if transcript.error:
+        out.notes.append(transcript.error)
     return out
 
 
 class _Session:
     def __init__(self, mapping: Mapping, target: ModelTree, reference: ModelTree, traces: Any,
-                 config: AgentConfig, open_: dict[str, Unmapped], out: AgentOutcome, client: Any):
+                 config: AgentConfig, open_: dict[str, Unmapped], out: AgentOutcome, client: Any,
+                 transcript: Transcript):
         self.mapping, self.target, self.reference, self.traces = mapping, target, reference, traces
         self.config, self.open, self.out, self.client = config, open_, out, client
+        self.transcript = transcript
         self.key = kb_key(target, reference, traces, config)
         out.kb_key = {k: v for k, v in self.key.__dict__.items()}
         self.kb = KnowledgeBase(config.resolved_kb_dir(), shipped=config.shipped_kb) if config.use_kb else None
@@ -175,10 +189,13 @@ class _Session:
         validator = Validator(self.target, self.reference, self.open, self.traces, self.config.match_tolerance)
         for e in entries:
             for a in e.aligners:
-                for comp, _ in validator.covers(str(a.get("target", ""))):
-                    if self._recheck_aligner(comp, a):
+                for comp, i in validator.covers(str(a.get("target", ""))):
+                    # Stored reference modules are patterns: {i} is this component's layer.
+                    refs = [instantiate(str(r), i) for r in a.get("reference", [])]
+                    prop = next((p for p in reversed(props) if match(p.target, comp) is not None), None)
+                    if self._recheck_aligner(comp, a, refs, prop.split_sizes if prop else None):
                         validator.aligned.add(comp)
-                        self.kb_aligners[comp] = {**a, "origin": f"knowledge-base:{e.path.name}"}
+                        self.kb_aligners[comp] = {**a, "reference": refs, "origin": f"knowledge-base:{e.path.name}"}
         v = validator.run(props, expls)
         # A component the knowledge base does not cover is not a knowledge-base problem.
         self.kb_verdict = Verdict(v.confirmed, v.explained)
@@ -193,15 +210,16 @@ class _Session:
         self.hints = self.kb.hints(classes, exclude={e.path for e in entries})
         return {c: u for c, u in self.open.items() if c not in v.confirmed and c not in v.explained}
 
-    def _recheck_aligner(self, comp: str, a: dict[str, Any]) -> bool:
+    def _recheck_aligner(self, comp: str, a: dict[str, Any], refs: list[str], split_sizes: list[int] | None
+                         ) -> bool:
         if self.traces is None or not a.get("source"):
             return bool(a.get("source"))
+        from ekka_core.align.custom import aligner_inputs
         from ekka_core.align.sandbox import run_aligner
-        from ekka_core.agent.tools import aligner_inputs
         try:
-            t_in, r_in, meta = aligner_inputs(self.traces.target, self.traces.reference, comp,
-                                              [str(r) for r in a.get("reference", [])])
-            run_aligner(a["source"], t_in, r_in, meta, timeout_s=self.config.aligner_timeout_s)
+            inputs = aligner_inputs(self.traces.target, self.traces.reference, comp, refs, split_sizes=split_sizes)
+            run_aligner(a["source"], inputs.target, inputs.reference, inputs.meta,
+                        timeout_s=self.config.aligner_timeout_s)
             return True
         except Exception as e:
             self.stale.append(f"{comp}: a knowledge-base aligner no longer passes its self-checks ({e})")
@@ -229,6 +247,10 @@ class _Session:
         tb = Toolbox(self.target, self.reference, remaining, validator, c, self.traces)
         self.toolbox = tb
         caller = Caller(c, self.client)
+        self.transcript.add("session", model=c.model, endpoint=c.base_url or "https://api.anthropic.com",
+                            api_key="set (not recorded)", budget=self.out.budget, kb_key=self.out.kb_key,
+                            asked=list(self.open), from_knowledge_base=[k for k in self.open if k not in remaining],
+                            remaining=list(remaining), system=SYSTEM, tools=TOOLS)
         try:
             self._loop(caller, tb, validator, remaining)
         finally:
@@ -251,21 +273,33 @@ class _Session:
                 out.budget_exceeded = e.what
                 raise AgentStop("budget-exceeded", REASON_BUDGET.format(what=e.what),
                                 f"the agent's budget is spent: {e.detail}") from None
-            resp = caller.create(max_tokens=max_tokens, **request)
+            self._record_request(messages, max_tokens, estimate_tokens(request))
+            seen_events = len(caller.events)
+            try:
+                resp = caller.create(max_tokens=max_tokens, **request)
+            finally:
+                for event in caller.events[seen_events:]:
+                    self.transcript.add("api_event", event=event)
             self.budget.record(getattr(resp, "usage", None) or {})
             content = [b for b in (_block_param(b) for b in (getattr(resp, "content", None) or []))
                        if not (b.get("type") == "text" and not str(b.get("text", "")).strip())]
+            self.transcript.add("response", call=self.budget.usage.calls, content=content,
+                                stop_reason=getattr(resp, "stop_reason", None),
+                                usage=_usage_json(getattr(resp, "usage", None)))
             messages.append({"role": "assistant", "content": content or [{"type": "text", "text": "(no reply)"}]})
             uses = [b for b in content if b.get("type") == "tool_use"]
             results: list[dict[str, Any]] = []
             finish_id = None
             for u in uses:
+                self.transcript.add("tool_call", id=u.get("id"), name=u.get("name"), input=u.get("input"))
                 if u.get("name") == "finish" and not check_args(finish_schema, u.get("input")):
                     finish_id = u["id"]
                     continue
                 r = tb.call(str(u.get("name")), u.get("input"))
                 results.append({"type": "tool_result", "tool_use_id": u["id"], "content": r.content,
                                 "is_error": r.is_error})
+                self.transcript.add("tool_result", id=u.get("id"), name=u.get("name"), content=r.content,
+                                    is_error=r.is_error, malformed=r.malformed)
             if tb.malformed >= c.max_malformed:
                 raise AgentStop("gave-up", REASON_GAVE_UP.format(why=f"{tb.malformed} malformed tool calls"),
                                 f"the model made {tb.malformed} malformed tool calls (limit {c.max_malformed})")
@@ -274,6 +308,8 @@ class _Session:
                 out.rounds += 1
                 self.verdict = validator.run(tb.proposals, tb.explanations, keep=self.verdict)
                 out.validator_problems = list(self.verdict.problems)
+                self.transcript.add("validator", round=out.rounds, confirmed=len(self.verdict.confirmed),
+                                    explained=len(self.verdict.explained), problems=self.verdict.problems)
                 if not self.verdict.problems:
                     out.status = "complete"
                     out.message = (f"validated in {out.rounds} round(s): {len(self.verdict.confirmed)} mapped, "
@@ -289,6 +325,8 @@ class _Session:
                 if finish_id is not None:
                     results.append({"type": "tool_result", "tool_use_id": finish_id, "content": feedback,
                                     "is_error": True})
+                    self.transcript.add("tool_result", id=finish_id, name="finish", content=feedback, is_error=True,
+                                        malformed=False)
                 else:
                     results.append({"type": "text", "text": feedback})
             elif not uses:
@@ -298,6 +336,15 @@ class _Session:
                 results.append({"type": "text", "text": "Continue with the tools; call finish when every component "
                                                         "is proposed or explained."})
             messages.append({"role": "user", "content": results})
+
+    def _record_request(self, messages: list[dict[str, Any]], max_tokens: int, estimated: int) -> None:
+        """The transcript's request record: the user text new in this request (the first message, validator
+        feedback sent as text, a nudge); tool results are recorded as they are made. Opens the files."""
+        last = messages[-1]["content"]
+        texts = [last] if isinstance(last, str) else [b["text"] for b in last if b.get("type") == "text"]
+        self.transcript.add("request", call=self.budget.usage.calls + 1, max_tokens=max_tokens,
+                            estimated_input_tokens=estimated, messages=len(messages), new_user_text=texts)
+        self.transcript.start()
 
     def _first_message(self, remaining: dict[str, Unmapped]) -> str:
         from ekka_core.align.template import TEMPLATE
@@ -347,7 +394,7 @@ class _Session:
         aligners = []
         for comp, a in self.toolbox.aligners.items():
             if comp in self.verdict.confirmed and all(x["target"] != a["target"] for x in aligners):
-                aligners.append({"target": a["target"], "reference": a["reference"], "source": a["source"],
+                aligners.append({"target": a["target"], "reference": a["reference_pattern"], "source": a["source"],
                                  "checks": a["checks"]})
         if not (mappings or expls or aligners):
             return
@@ -384,7 +431,13 @@ class _Session:
             else:
                 out.from_kb.append(comp)
             if comp in aligners:
-                out.aligners[comp] = {k: v for k, v in aligners[comp].items() if k != "seq"}
+                a = aligners[comp]
+                if list(a.get("reference", [])) == pair.reference.modules:
+                    pair.aligner = a["source"]           # the align stage runs it (sandboxed) for this pair
+                    out.aligners[comp] = {k: v for k, v in a.items() if k not in ("seq", "reference_pattern")}
+                else:
+                    out.notes.append(f"{comp}: its aligner was checked against {a.get('reference')}, not the "
+                                     f"mapped {pair.reference.modules}; the built-in alignment is used")
         for comp, e in explained.items():
             by_module[comp].reason = (f"agent: {e.reason}" if e.origin == "agent" else f"knowledge base: {e.reason}")
             (out.explained if e.origin == "agent" else out.from_kb).append(comp)
@@ -406,6 +459,16 @@ class _Session:
         self.mapping.pairs += new_pairs
         if stop is None and out.status not in OK_STATUSES:
             out.status = "error"
+
+
+def _usage_json(usage: Any) -> dict[str, Any]:
+    if usage is None:
+        return {}
+    if isinstance(usage, dict):
+        return dict(usage)
+    if hasattr(usage, "model_dump"):
+        return usage.model_dump(exclude_none=True, mode="json")
+    return {k: getattr(usage, k, None) for k in ("input_tokens", "output_tokens")}
 
 
 def _block_param(b: Any) -> dict[str, Any]:

@@ -29,6 +29,10 @@ MAX_ROWS = 64                 # rows compared (evenly sampled from the common ke
 MAX_OFFSETS = 4096            # slice offsets tried per search
 MAX_PERMUTE = 5               # concatenation orders are tried exhaustively up to this many modules
 MAX_PERMUTATION_WIDTH = 16384
+# An order of a 1:N concatenation whose relative error is below this fraction of the proposed order's is clearly
+# the better one, even when neither matches (a bug upstream perturbs every layer after it: correct ≈ 0.7–0.97,
+# swapped ≈ √2, the error of unrelated rows; orders of equally unrelated rows differ by ~1 %).
+CLEARLY_BETTER = 0.8
 
 
 class ToolError(Exception):
@@ -298,7 +302,9 @@ def infer_match(target: Trace, reference: Trace, target_module: str, reference_m
 
 def order_problem(target: Trace, reference: Trace, pair: Any, tol: float) -> str | None:
     """For a 1:N pair: a problem when another order of the reference modules matches the target clearly better
-    than the proposed one (the validator's shape checks cannot see a swapped concatenation)."""
+    than the proposed one (the validator's shape checks cannot see a swapped concatenation): it matches within
+    ``tol`` where the proposed order does not, or — on traces where an upstream bug leaves nothing within ``tol`` —
+    its error is below :data:`CLEARLY_BETTER` times the proposed order's."""
     refs_ep = pair.reference
     if len(refs_ep.modules) < 2 or len(refs_ep.modules) > MAX_PERMUTE or len(pair.target.modules) != 1:
         return None
@@ -328,7 +334,7 @@ def order_problem(target: Trace, reference: Trace, pair: Any, tol: float) -> str
         rel = _rel(t, np.concatenate([refs[i] for i in order], axis=1))
         if rel < best:
             best, best_order = rel, order
-    if best_order is not None and best <= tol and proposed > 4 * tol:
+    if best_order is not None and ((best <= tol and proposed > 4 * tol) or best < CLEARLY_BETTER * proposed):
         names = [refs_ep.modules[i] for i in best_order]
         sizes = [refs[i].shape[1] for i in best_order]
         return (f"the reference modules in the order {names} (split_sizes {sizes}) match the target far better "

@@ -11,12 +11,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ekka_core.agent.config import AgentConfig
-from ekka_core.agent.proposals import LAYER, RELATIONS, SELECTS, Explanation, Proposal, Validator, valid_select
+from ekka_core.agent.proposals import (LAYER, RELATIONS, SELECTS, Explanation, Proposal, Validator, instantiate,
+                                      match, valid_select)
 from ekka_core.agent.source import SourceLookup
-from ekka_core.agent.tensors import ToolError, infer_match, module_calls, tensor_sum
+from ekka_core.agent.tensors import ToolError, infer_match, tensor_sum
 from ekka_core.mapping import Unmapped
 from ekka_core.tree import ModelTree
 
@@ -87,10 +86,11 @@ TOOLS: list[dict[str, Any]] = [
      "description": "Propose an aligner for a component whose tensors the built-in aligner cannot line up. "
                     "'source' must follow the fixed template (given in the first message): def align(target, "
                     "reference, meta) -> (target_rows, reference_rows), numpy and math only. It runs in a "
-                    "sandbox on the traced tensors of one prefill sequence: target names out0/in0…, reference "
-                    "names out0/in0… (m0.out0, m1.out0… for several reference modules), already cut to the same "
-                    "token positions; meta has rows, positions, split_sizes, reference_modules. Self-check "
-                    "failures come back as errors.",
+                    "sandbox on the traced tensors of one sequence — every call that computed it (prefill and "
+                    "decode steps) stacked along the rows: target names out0/in0…, reference names out0/in0… "
+                    "(m0.out0, m1.out0… for several reference modules), already cut to the same token positions; "
+                    "meta has rows, positions, split_sizes, reference_modules. Self-check failures come back as "
+                    "errors. Once the mapping validates, the align stage runs the same code on every sequence.",
      "input_schema": {"type": "object", "properties": {
          "target_module": {"type": "string"}, "source": {"type": "string"},
          "reference_modules": {"type": "array", "items": {"type": "string"},
@@ -256,11 +256,22 @@ class Toolbox:
                      list(split_sizes) if split_sizes else None, scale, list(target_modules) if target_modules
                      else None, reason.strip(), origin="agent", seq=self._next())
         self.proposals.append(p)
+        # An aligner was checked on the reference modules of its time: a proposal naming others retires it.
+        dropped = []
+        for comp, i in self.validator.covers(target_module):
+            a = self.aligners.get(comp)
+            if a is not None and a["reference"] != self.validator.pair_for(p, comp, i).reference.modules:
+                del self.aligners[comp]
+                self.validator.aligned.discard(comp)
+                dropped.append(comp)
         # Early warnings: the validator decides at finish, but the model hears about problems now.
         warnings = []
         for comp, i in self.validator.covers(target_module)[:3]:
             warnings += [f"{comp}: {w}" for w in self.validator.check_pair(self.validator.pair_for(p, comp, i))]
         msg = f"recorded for {len(covered)} component(s): {', '.join(covered[:6])}{' …' if len(covered) > 6 else ''}"
+        if dropped:
+            msg += (f"\nthe aligner of {', '.join(dropped[:6])} was dropped: it was checked against other reference "
+                    "modules (propose it again if it is still needed)")
         if warnings:
             msg += "\nthe validator will reject it as it stands:\n- " + "\n- ".join(warnings)
         else:
@@ -278,94 +289,37 @@ class Toolbox:
 
     def _t_propose_aligner(self, target_module: str, source: str, reference_modules: list[str] | None = None) -> str:
         from ekka_core.align import AlignmentError
+        from ekka_core.align.custom import aligner_inputs
         from ekka_core.align.sandbox import run_aligner
 
         covered = self._open_for(target_module)
         prop = next((p for p in reversed(self.proposals) if p.target == target_module
-                     or any(c == target_module for c, _ in self.validator.covers(p.target))), None)
-        comp = covered[0]
-        i = next((i for c, i in self.validator.covers(prop.target) if c == comp), "") if prop else ""
-        refs = list(reference_modules or (prop.reference if prop else []))
-        if not refs:
+                     or any(c == covered[0] for c, _ in self.validator.covers(p.target))), None)
+        if prop and reference_modules and list(reference_modules) != prop.reference:
+            raise ToolError(f"reference_modules {reference_modules} differ from your proposal for this component "
+                            f"({prop.reference}); propose_mapping with them first, or leave reference_modules out")
+        patterns = list(reference_modules or (prop.reference if prop else []))
+        if not patterns:
             raise ToolError("name reference_modules, or propose_mapping for this component first")
-        refs = [r.replace(LAYER, i) if i else r for r in refs]
-        t_in, r_in, meta = aligner_inputs(self._trace("target"), self._trace("reference"), comp, refs)
-        if prop and prop.split_sizes:
-            meta["split_sizes"] = list(prop.split_sizes)
+        # Reference modules of each covered component: the pattern's {i} is that component's layer.
+        refs = {c: [instantiate(r, match(prop.target if prop else target_module, c) or "") for r in patterns]
+                for c in covered}
+        comp = covered[0]
+        split_sizes = list(prop.split_sizes) if prop and prop.split_sizes else None
         try:
-            res = run_aligner(source, t_in, r_in, meta, timeout_s=self.config.aligner_timeout_s)
+            inputs = aligner_inputs(self._trace("target"), self._trace("reference"), comp, refs[comp],
+                                    split_sizes=split_sizes)
+            res = run_aligner(source, inputs.target, inputs.reference, inputs.meta,
+                              timeout_s=self.config.aligner_timeout_s)
         except AlignmentError as e:
             raise ToolError(f"the aligner was rejected: {e}") from None
         for c in covered:
-            self.aligners[c] = {"target": target_module, "source": source, "reference": refs,
-                                "checks": res.checks}
+            self.aligners[c] = {"target": target_module, "source": source, "reference": refs[c],
+                                "reference_pattern": patterns, "checks": res.checks}
             self.validator.aligned.add(c)
-        return (f"aligner accepted for {', '.join(covered[:6])}: result {list(res.target.shape)}, self-checks "
-                f"{res.checks} ({res.seconds:.2f} s)")
+        return (f"aligner accepted for {', '.join(covered[:6])}: result {list(res.target.shape)} on sequence "
+                f"{inputs.meta['sequence']} ({inputs.meta['rows']} rows), self-checks {res.checks} "
+                f"({res.seconds:.2f} s)")
 
     def _t_finish(self, summary: str = "") -> str:          # handled by the session (validator round)
         return "finish"
-
-
-def aligner_inputs(target: Any, reference: Any, component: str, reference_modules: list[str]
-                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]:
-    """Named tensors of one prefill sequence for an aligner: the target's first prefill call cut to the rows of
-    one sequence, each reference module's call for that sequence cut to the same positions."""
-    calls = module_calls(target, component, "target")
-    call = next((c for c in calls if target.steps[c.step].phase.startswith("prefill")), calls[0])
-    step = target.steps[call.step]
-    seq = next((s for s in step.seq if s >= 0), None)
-    if seq is None:
-        raise ToolError(f"{component}: its first call has no rows of a known sequence")
-    rows = [j for j, s in enumerate(step.seq) if s == seq]
-    positions = [step.pos[j] for j in rows]
-    t_in: dict[str, np.ndarray] = {}
-    for kind, refs in (("out", call.outputs), ("in", call.inputs)):
-        for k, ref in enumerate(refs):
-            if _is_float_ref(ref):
-                a = target.tensor(ref).float().numpy()
-                if len(step.seq) > 1 and a.ndim >= 1 and a.shape[0] == len(step.seq):
-                    a = a[rows]
-                t_in[f"{kind}{k}"] = np.ascontiguousarray(a)
-    r_in: dict[str, np.ndarray] = {}
-    for j, m in enumerate(reference_modules):
-        rcalls = module_calls(reference, m, "reference")
-        rcall = next((c for c in rcalls if seq in reference.steps[c.step].seq), None)
-        if rcall is None:
-            raise ToolError(f"{m} has no call for sequence {seq}")
-        rstep = reference.steps[rcall.step]
-        where = {(s, p): n for n, (s, p) in enumerate(zip(rstep.seq, rstep.pos))}
-        missing = [p for p in positions if (seq, p) not in where]
-        if missing:
-            raise ToolError(f"{m}: no rows for sequence {seq} positions {missing[:4]}")
-        idx = [where[(seq, p)] for p in positions]
-        n = len(rstep.pos)
-        prefix = "" if len(reference_modules) == 1 else f"m{j}."
-        for kind, refs in (("out", rcall.outputs), ("in", rcall.inputs)):
-            for k, ref in enumerate(refs):
-                if not _is_float_ref(ref):
-                    continue
-                a = reference.tensor(ref).float().numpy()
-                axis = _token_axis(a, n)
-                if axis is not None:
-                    a = np.take(a, idx, axis=axis)
-                r_in[f"{prefix}{kind}{k}"] = np.ascontiguousarray(a)
-    meta = {"rows": len(positions), "num_tokens": len(positions), "positions": positions, "sequence": seq,
-            "target_module": component, "reference_modules": reference_modules}
-    return t_in, r_in, meta
-
-
-def _is_float_ref(ref: Any) -> bool:
-    from ekka_core.capture.trace import TensorRef
-    return isinstance(ref, TensorRef) and ref.dtype in ("float32", "float16", "bfloat16", "float64")
-
-
-def _token_axis(a: np.ndarray, n: int) -> int | None:
-    if a.ndim >= 1 and a.shape[0] == n and (a.ndim == 1 or n == 1 or a.shape[0] != 1):
-        return 0
-    if a.ndim >= 3 and a.shape[0] == 1 and a.shape[-2] == n:
-        return a.ndim - 2
-    for axis in range(1, a.ndim):
-        if a.shape[axis] == n:
-            return axis
-    return None

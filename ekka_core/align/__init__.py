@@ -4,6 +4,9 @@ Entry point: :func:`align`. Every aligned tensor is ``[rows, features]`` in fp32
 (sequence, position) — the target's flat ``[num_tokens, …]`` batches (prefill and decode steps, several requests)
 and the reference's ``[1, seq, …]`` teacher-forced passes both end up there.
 
+A pair whose mapping carries an ``aligner`` (code the mapping agent wrote and validated) is aligned by that code,
+run in a sandboxed subprocess (:mod:`ekka_core.align.custom`); a failing aligner fails only its pair.
+
 Before anything is compared, :func:`prove_alignment` checks that the three traces describe the same computation:
 same token ids, embeddings equal, and layer *i*'s output is layer *i+1*'s input inside each framework. A failed
 proof stops the diagnosis with a message naming what did not line up — a wrong alignment would otherwise produce
@@ -17,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from ekka_core.capture.trace import ModuleCall, TensorRef, Trace
+from ekka_core.capture.trace import ModuleCall, TensorRef, Trace, token_axis
 from ekka_core.errors import BadInput, InternalFailure
 from ekka_core.mapping import ComponentPair, Endpoint, Mapping
 
@@ -139,14 +142,24 @@ def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[
 # ---------------------------------------------------------------------------------------------------------------
 def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, list[ModuleCall]]],
                order: int) -> AlignedPair:
+    if pair.aligner:
+        # Agent- or user-written code: run in the sandbox, never here (ekka_core.align.custom).
+        from ekka_core.align.custom import align_with_aligner
+        keys, x_t, x_r, y_r = align_with_aligner(pair, traces)
+        _check_declared_split(pair, traces.target)
+        return AlignedPair(pair, order, keys, x_t, x_r, y_r)
     t_rows = _rows(traces.target, index[id(traces.target)], pair.target, pair.rows)
     keys = sorted(t_rows.index)
     if not keys:
         raise AlignmentError(f"{pair.component}: the target trace has no rows for it")
     sides = [t_rows]
+    restricted = positions_restricted(traces)
     for tr in (traces.reference, traces.reference_fp32):
         rows = _rows(tr, index[id(tr)], pair.reference, "tokens")
         missing = [k for k in keys if k not in rows.index]
+        if missing and restricted:
+            keys = [k for k in keys if k in rows.index]
+            missing = [] if keys else missing
         if missing:
             raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: the reference has no "
                                  f"rows for (sequence, position) {missing[:3]}")
@@ -168,6 +181,12 @@ def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, l
         except (KeyError, AlignmentError, RuntimeError):
             inputs = None  # inputs are a bonus for local blame; the outputs are what is compared
     return AlignedPair(pair, order, keys, x_t, x_r, y_r, inputs)
+
+
+def positions_restricted(traces: Traces) -> bool:
+    """Traces restricted to some token positions keep the rows in the set on both sides, plus the rows where each
+    side sampled — those differ, so only the rows both kept are compared."""
+    return any(tr.run.trace_options.get("positions") for tr in (traces.target, traces.reference))
 
 
 def _check_declared_split(pair: ComponentPair, target: Trace) -> None:
@@ -275,15 +294,12 @@ def _is_float(ref: TensorRef) -> bool:
 
 def _token_rows(t: torch.Tensor, n: int, module: str) -> torch.Tensor:
     """[n, …] (flat engine batch) or [1, …, n, …] (a reference batch of one) → [n, features]."""
-    if t.shape[0] == n and (t.dim() == 1 or t.shape[0] != 1 or n == 1):
+    axis = token_axis(list(t.shape), n)
+    if axis == 0:
         return t.reshape(n, -1)
-    if t.shape[0] == 1:
+    if axis is not None:
         # HF layouts put tokens second-to-last: [1, L, hidden] and, per head, [1, heads, L, head_dim].
-        if t.dim() >= 3 and t.shape[-2] == n:
-            return t[0].movedim(t.dim() - 3, 0).reshape(n, -1)
-        for axis in range(1, t.dim()):
-            if t.shape[axis] == n:
-                return t[0].movedim(axis - 1, 0).reshape(n, -1)
+        return t[0].movedim(axis - 1, 0).reshape(n, -1)
     raise AlignmentError(f"{module}: cannot find the token axis of a {list(t.shape)} tensor for {n} tokens")
 
 
@@ -330,7 +346,10 @@ def _prove_embeddings_equal(t: Trace, r: Trace) -> None:
     if a is None or b is None:
         return
     scale = t.run.declared.get("embedding_normalizer")
-    ta, tb = a[1], b[1]
+    # The rows both traces hold (all of them, unless the capture was restricted to some token positions).
+    common = sorted(set(a[0]) & set(b[0]))
+    ta = a[1][[a[0].index(k) for k in common]]
+    tb = b[1][[b[0].index(k) for k in common]]
     if tb.shape != ta.shape:
         raise BadInput(f"embeddings have different shapes: target {list(ta.shape)}, reference {list(tb.shape)}",
                        fix="the traces are of different models; capture both from the same checkpoint")

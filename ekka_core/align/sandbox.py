@@ -2,8 +2,10 @@
 
 :func:`run_aligner` validates the source statically, then runs it in a fresh ``python -I`` subprocess:
 
-* inputs go through a private temp dir as **safetensors** (``target.safetensors``, ``reference.safetensors``) plus
-  ``meta.json`` — never pickle, in either direction; the result comes back as ``out.safetensors``;
+* inputs go through a private temp dir as **safetensors** (``job<n>.target.safetensors``,
+  ``job<n>.reference.safetensors``) plus ``job<n>.meta.json`` — never pickle, in either direction; the results come
+  back as ``job<n>.out.safetensors``. :func:`run_aligner_jobs` runs one aligner on several inputs (the align stage:
+  every sequence, against both reference runs) in *one* child, loading one job at a time;
 * the child is a standalone bootstrap (:data:`_CHILD_SOURCE`, written next to the inputs) that imports only
   numpy and safetensors — not Ekka, not torch — so it starts in ~0.2 s and needs ~100 MB of address space;
 * ``preexec_fn`` sets rlimits before the interpreter starts: address space = ``memory_mb``, CPU time ≈
@@ -78,6 +80,16 @@ def sanitized_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+@dataclass
+class AlignerJob:
+    """One input of an aligner: both sides' named tensors and the meta it gets; ``label`` names it in errors."""
+
+    target: Mapping[str, np.ndarray]
+    reference: Mapping[str, np.ndarray]
+    meta: Mapping[str, Any] | None = None
+    label: str = ""
+
+
 def run_aligner(src: str, target: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
                 meta: Mapping[str, Any] | None = None, *, timeout_s: float = 10, memory_mb: int = 1024,
                 validate: bool = True) -> AlignerResult:
@@ -89,51 +101,80 @@ def run_aligner(src: str, target: Mapping[str, np.ndarray], reference: Mapping[s
     ``validate=False`` skips the static checks — only for testing the sandbox's own defences.
     Raises :class:`AlignmentError` on a rejected source, timeout, memory or CPU limit, an exception in ``align``,
     a bad return value or a failing self-check."""
+    return run_aligner_jobs(src, [AlignerJob(target, reference, meta)], timeout_s=timeout_s, memory_mb=memory_mb,
+                            validate=validate)[0]
+
+
+def run_aligner_jobs(src: str, jobs: list[AlignerJob], *, timeout_s: float = 10, memory_mb: int = 1024,
+                     validate: bool = True, declared: bool = True) -> list[AlignerResult]:
+    """:func:`run_aligner` on several inputs in one child process (one start-up, one job in memory at a time);
+    one result per job, in order. ``timeout_s`` and ``memory_mb`` bound the whole child. ``declared=False`` runs
+    only the contract checks (``shape``, ``finite``), not the fingerprints ``SELF_CHECKS`` declares — for the
+    align stage, where the target may be the buggy side and a fingerprint mismatch would be the bug, not a bad
+    alignment. The first failing job raises :class:`AlignmentError`, its label in the message."""
     if validate:
         problems = validate_source(src)
         if problems:
             raise AlignmentError("aligner rejected by static validation: " + "; ".join(problems),
                                  fix="follow ekka_core.align.template.TEMPLATE: a pure function using only "
                                      "numpy and math")
-    target = _as_arrays(target, "target")
-    reference = _as_arrays(reference, "reference")
-    meta = dict(meta or {})
-    meta.setdefault("target_shapes", {k: list(v.shape) for k, v in target.items()})
-    meta.setdefault("reference_shapes", {k: list(v.shape) for k, v in reference.items()})
-    try:
-        meta_json = json.dumps(meta, default=_jsonable)
-    except (TypeError, ValueError) as e:
-        raise AlignmentError(f"aligner meta is not JSON-serialisable: {e}") from e
+    prepared = []
+    for job in jobs:
+        target = _as_arrays(job.target, "target")
+        reference = _as_arrays(job.reference, "reference")
+        meta = dict(job.meta or {})
+        meta.setdefault("target_shapes", {k: list(v.shape) for k, v in target.items()})
+        meta.setdefault("reference_shapes", {k: list(v.shape) for k, v in reference.items()})
+        try:
+            meta_json = json.dumps(meta, default=_jsonable)
+        except (TypeError, ValueError) as e:
+            raise AlignmentError(f"aligner meta is not JSON-serialisable: {e}") from e
+        prepared.append((target, reference, meta, meta_json))
+    checks_declared = declared_checks(src) if declared else []
 
+    results = []
     with tempfile.TemporaryDirectory(prefix="ekka-aligner-") as tmp:
         d = Path(tmp)
         (d / "aligner.py").write_text(src)
         (d / "runner.py").write_text(_CHILD_SOURCE)
-        (d / "meta.json").write_text(meta_json)
-        (d / "runner.json").write_text(json.dumps({"paths": _import_paths()}))
-        save_file(target, str(d / "target.safetensors"))
-        save_file(reference, str(d / "reference.safetensors"))
+        (d / "runner.json").write_text(json.dumps({"paths": _import_paths(), "jobs": len(prepared)}))
+        for n, (target, reference, _, meta_json) in enumerate(prepared):
+            (d / f"job{n}.meta.json").write_text(meta_json)
+            save_file(target, str(d / f"job{n}.target.safetensors"))
+            save_file(reference, str(d / f"job{n}.reference.safetensors"))
         rc, seconds, log = _spawn(d, timeout_s, memory_mb)
         error = d / "error.json"
         if error.exists():
-            raise _child_error(json.loads(error.read_text()), memory_mb, log)
+            info = json.loads(error.read_text())
+            raise _on_job(_child_error(info, memory_mb, log), jobs, info.get("job"))
         if rc != 0:
             raise _crash_error(rc, timeout_s, memory_mb, log)
-        out_path = d / "out.safetensors"
-        if not out_path.exists():
-            raise AlignmentError("aligner process exited without writing its result" + _log_hint(log))
-        out = load_file(str(out_path))
-    t, r = out["target"], out["reference"]
+        for n, (target, reference, meta, _) in enumerate(prepared):
+            out_path = d / f"job{n}.out.safetensors"
+            if not out_path.exists():
+                raise _on_job(AlignmentError("aligner process exited without writing its result" + _log_hint(log)),
+                              jobs, n)
+            out = load_file(str(out_path))
+            t, r = out["target"], out["reference"]
+            nonfinite_inputs = any(v.dtype.kind in "fc" and not np.isfinite(v).all()
+                                   for v in (*target.values(), *reference.values()))
+            checks, failures = run_self_checks(t, r, checks_declared, rows=meta.get("rows"),
+                                               inputs_finite=not nonfinite_inputs)
+            if failures:
+                err = _on_job(AlignmentError("aligner self-check failed: " + "; ".join(failures) + _log_hint(log)),
+                              jobs, n)
+                err.checks = checks    # type: ignore[attr-defined]
+                raise err
+            results.append(AlignerResult(t, r, checks, log, seconds))
+    return results
 
-    nonfinite_inputs = any(v.dtype.kind in "fc" and not np.isfinite(v).all()
-                           for v in (*target.values(), *reference.values()))
-    checks, failures = run_self_checks(t, r, declared_checks(src), rows=meta.get("rows"),
-                                       inputs_finite=not nonfinite_inputs)
-    if failures:
-        err = AlignmentError("aligner self-check failed: " + "; ".join(failures) + _log_hint(log))
-        err.checks = checks    # type: ignore[attr-defined]
-        raise err
-    return AlignerResult(t, r, checks, log, seconds)
+
+def _on_job(err: AlignmentError, jobs: list[AlignerJob], n: int | None) -> AlignmentError:
+    """Name the job in the message when there are several (a single job's errors read as before)."""
+    if n is None or len(jobs) < 2 or not 0 <= n < len(jobs):
+        return err
+    label = jobs[n].label or f"job {n + 1} of {len(jobs)}"
+    return AlignmentError(f"{label}: {err.message}", fix=err.fix)
 
 
 def run_self_checks(t: np.ndarray, r: np.ndarray, declared: list[str], *, rows: int | None = None,
@@ -317,13 +358,16 @@ import builtins, json, linecache, os, sys, traceback
 
 _open = builtins.open
 with _open("runner.json") as f:
-    for p in json.load(f)["paths"]:
-        if p not in sys.path:
-            sys.path.append(p)
+    runner = json.load(f)
+for p in runner["paths"]:
+    if p not in sys.path:
+        sys.path.append(p)
+JOBS = int(runner.get("jobs", 1))
+JOB = None                     # the job being run, named in error.json
 
 
 def report(kind, exc=None, message=None):
-    info = {"kind": kind}
+    info = {"kind": kind, "job": JOB}
     if exc is not None:
         traceback.print_exception(exc)
         lines = [fr.lineno for fr in traceback.extract_tb(exc.__traceback__) if fr.filename == "<aligner>"]
@@ -340,10 +384,6 @@ def report(kind, exc=None, message=None):
 try:
     import numpy as np
     from safetensors.numpy import load_file, save_file
-    target = load_file("target.safetensors")
-    reference = load_file("reference.safetensors")
-    with _open("meta.json") as f:
-        meta = json.load(f)
     with _open("aligner.py") as f:
         src = f.read()
 except MemoryError as e:
@@ -394,45 +434,62 @@ def deny_open(*args, **kwargs):
     raise FileAccessDisabled("file access is disabled in the aligner sandbox")
 
 
-linecache.cache["<aligner>"] = (len(src), None, src.splitlines(True), "<aligner>")
-builtins.open = deny_open
-try:
-    namespace = {"__name__": "aligner"}
-    exec(compile(src, "<aligner>", "exec"), namespace)
-    align = namespace.get("align")
-    if not callable(align):
-        builtins.open = _open
-        report("contract", message="the source defines no function `align`")
-    out = align(target, reference, meta)
-except MemoryError as e:
-    builtins.open = _open
-    report("memory", e)
-except NetworkDisabled as e:
-    builtins.open = _open
-    report("network", e)
-except BaseException as e:
-    builtins.open = _open
-    report("network" if attempts else "exception", e)
-builtins.open = _open
-
-if attempts:
-    report("network", message=f"network access is disabled in the aligner sandbox ({attempts[0]}; the aligner "
-                              "caught the error)")
-if not isinstance(out, (tuple, list)) or len(out) != 2:
-    report("contract", message=f"align returned {type(out).__name__}, not a (target, reference) pair of arrays")
-arrays = {}
-for side, value in zip(("target", "reference"), out):
+def call_align(fn, *args):
+    """Run aligner code with files blocked; any failure is reported (and ends the child)."""
+    builtins.open = deny_open
     try:
-        a = np.asarray(value)
+        out = fn(*args)
+    except MemoryError as e:
+        builtins.open = _open
+        report("memory", e)
+    except NetworkDisabled as e:
+        builtins.open = _open
+        report("network", e)
     except BaseException as e:
-        report("contract", message=f"align's {side} result is not an array: {e}")
-    if a.dtype.kind not in "fiub":
-        report("contract", message=f"align's {side} result has dtype {a.dtype}, not a real number type")
-    arrays[side] = np.ascontiguousarray(a, dtype=np.float32)
-try:
-    save_file(arrays, "out.safetensors")
-except MemoryError as e:
-    report("memory", e)
+        builtins.open = _open
+        report("network" if attempts else "exception", e)
+    builtins.open = _open
+    if attempts:
+        report("network", message=f"network access is disabled in the aligner sandbox ({attempts[0]}; the aligner "
+                                  "caught the error)")
+    return out
+
+
+linecache.cache["<aligner>"] = (len(src), None, src.splitlines(True), "<aligner>")
+namespace = {"__name__": "aligner"}
+call_align(lambda: exec(compile(src, "<aligner>", "exec"), namespace))
+align = namespace.get("align")
+if not callable(align):
+    report("contract", message="the source defines no function `align`")
+
+# One job at a time: load its inputs (the loaders do not go through builtins.open), align, write, drop.
+for JOB in range(JOBS):
+    try:
+        target = load_file(f"job{JOB}.target.safetensors")
+        reference = load_file(f"job{JOB}.reference.safetensors")
+        with _open(f"job{JOB}.meta.json") as f:
+            meta = json.load(f)
+    except MemoryError as e:
+        report("memory", e)
+    except BaseException as e:
+        report("load", e)
+    out = call_align(align, target, reference, meta)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        report("contract", message=f"align returned {type(out).__name__}, not a (target, reference) pair of arrays")
+    arrays = {}
+    for side, value in zip(("target", "reference"), out):
+        try:
+            a = np.asarray(value)
+        except BaseException as e:
+            report("contract", message=f"align's {side} result is not an array: {e}")
+        if a.dtype.kind not in "fiub":
+            report("contract", message=f"align's {side} result has dtype {a.dtype}, not a real number type")
+        arrays[side] = np.ascontiguousarray(a, dtype=np.float32)
+    try:
+        save_file(arrays, f"job{JOB}.out.safetensors")
+    except MemoryError as e:
+        report("memory", e)
+    del target, reference, meta, out, arrays
 '''
 
 

@@ -16,11 +16,18 @@ Entry point: :func:`map_components`. Rules, tried in order for every module the 
 7. ``unmapped`` with a reason — never silently dropped, never guessed.
 
 A mapping is a JSON artefact: save it, edit it, load it back (:func:`Mapping.load`).
+
+**Rules off** (``map_components(..., rules=False)``, or ``EKKA_MAPPING_RULES=off`` in the environment of a
+diagnosis, CLI and language server included): every module is left ``Unmapped("no rule: …")``, so the knowledge
+base and the mapping agent (:mod:`ekka_core.agent`) map the whole architecture. For testing and measuring the agent
+on models the rules already know; a real diagnosis keeps the rules on.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +57,7 @@ class ComponentPair:
     rows: str = "tokens"          # "tokens" | "sampled"
     compare_inputs: bool = False  # inputs are comparable too (1:1 same kind): enables local blame on inputs
     input_select: str = "first"   # "stream" where the engine passes (hidden, residual) into the module
+    aligner: str | None = None    # source of a validated custom aligner (ekka_core.align.template), run sandboxed
 
 
 @dataclass
@@ -95,8 +103,29 @@ _NOT_COMPARABLE = {
 }
 
 
-def map_components(target: ModelTree, reference: ModelTree) -> Mapping:
+# SGLang ≥ 0.5 keeps the residual stream outside its decoder layers (the layers' attn/ffn "boundaries" carry it
+# in the forward batch): a layer returns its MLP's contribution, not the hidden state HF's layer returns. Comparing
+# the two would report every layer as divergent; the layer's parts (attention, MLP, norms) are compared instead.
+SGLANG_LAYER_REASON = ("SGLang keeps the residual stream outside the decoder layer: its output is the MLP's "
+                       "contribution, not HF's hidden state; compared through its attention, MLP and norms")
+
+
+RULES_ENV = "EKKA_MAPPING_RULES"
+RULES_OFF_REASON = f"no rule: the mapping rules are disabled ({RULES_ENV}=off)"
+
+
+def rules_enabled(env: typing.Mapping[str, str] | None = None) -> bool:
+    """False when ``EKKA_MAPPING_RULES`` (in ``env``, default ``os.environ``) is off / 0 / false / no."""
+    value = (os.environ if env is None else env).get(RULES_ENV, "")
+    return value.strip().lower() not in ("off", "0", "false", "no")
+
+
+def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | None = None) -> Mapping:
+    """Map every module the target ran. ``rules`` None: on unless ``EKKA_MAPPING_RULES=off`` (see above)."""
     mapping = Mapping(target.framework, reference.framework)
+    if not (rules_enabled() if rules is None else rules):
+        mapping.unmapped = [Unmapped(name, node.cls, RULES_OFF_REASON) for name, node in target.modules.items()]
+        return mapping
     packed: dict[str, list[str]] = target.declared.get("packed_modules_mapping", {})
     rename = target.declared.get("hf_to_vllm_mapper", {})
     ref_modules = reference.modules
@@ -117,6 +146,9 @@ def map_components(target: ModelTree, reference: ModelTree) -> Mapping:
             continue
         if cls in _NOT_COMPARABLE:
             mapping.unmapped.append(Unmapped(name, cls, _NOT_COMPARABLE[cls]))
+            continue
+        if target.framework == "sglang" and cls.endswith("DecoderLayer"):
+            mapping.unmapped.append(Unmapped(name, cls, SGLANG_LAYER_REASON))
             continue
         # 1. packed (fused) modules, from the engine's declaration
         if leaf in packed and all(ref(p) for p in packed[leaf]):

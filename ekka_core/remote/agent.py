@@ -12,7 +12,8 @@ one JSON event per line on stdout:
   the process group the client kills on cancel (the agent makes itself a session leader: ``setsid``);
 * ``{"event": "progress", "stage", "message"}`` — the pipeline's progress (stages of ``pipeline.STAGES``);
 * ``{"event": "done", "results", "results_bytes", "verdict", "trace_bytes", ...}`` — ``results`` is a small zip of
-  report.json/md/html, mapping.json and summary.json for the client to fetch (never traces);
+  report.json/md/html, mapping.json, the agent transcript if any, and summary.json for the client to fetch (never
+  traces);
 * ``{"event": "error", "message", "fix", "exit_code"}`` — an :class:`~ekka_core.errors.EkkaError` or a crash.
 
 A lost connection does not stop the run: the agent notices its stdout is gone, keeps writing events to
@@ -36,7 +37,10 @@ from typing import Any
 PROTOCOL = 1
 STATE_DIR = ".ekka-remote"
 RESULTS = "results.zip"
-RESULT_FILES = ("report.json", "report.md", "report.html", "mapping.json")
+# The mapping agent's transcript comes back too when a session called the API (ekka_core.agent.transcript's JSONL
+# and MARKDOWN, spelled out: this module imports only the standard library before the job is read).
+RESULT_FILES = ("report.json", "report.md", "report.html", "mapping.json", "agent-transcript.jsonl",
+                "agent-transcript.md")
 LOG_TAIL = 4000
 
 

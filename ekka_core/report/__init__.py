@@ -104,6 +104,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         usage = agent.get("usage", {})
         lines += ["", "## Mapping agent", "", f"- {agent.get('status')}: {agent.get('message', '')}",
                   f"- {usage.get('calls', 0)} API calls, ${usage.get('dollars', 0):.4f}"]
+        files = agent.get("transcript") or {}
+        if files:
+            lines.append(f"- transcript of every request, response and tool call: "
+                         f"{files.get('markdown') or files.get('jsonl')}")
     if report["unchecked"]:
         lines += ["", "## Not checked", ""] + [f"- `{u['module']}`: {u['reason']}" for u in report["unchecked"]]
     if report["notes"]:
