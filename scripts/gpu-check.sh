@@ -129,8 +129,10 @@ for m in $light; do has "$py" "$m" || missing="$missing $m"; done
 if ! "$py" -c 'from importlib.metadata import entry_points as e; import sys
 sys.exit(0 if any(x.name == "ekka" for x in e(group="vllm.general_plugins")) else 1)' >/dev/null 2>&1; then
   rm -rf "$out/ekka-engine"
-  PYTHONPATH="$root" "$py" -c 'from ekka_core.remote.bundle import build_bundle; import io, sys, zipfile
-zipfile.ZipFile(io.BytesIO(build_bundle().data)).extractall(sys.argv[1])' "$out/ekka-engine" >> "$out/install-ekka-deps.log" 2>&1
+  PYTHONPATH="$root" "$py" -c 'import sys, tempfile
+from ekka_core.remote.bundle import build_bundle, extract_bundle
+with tempfile.NamedTemporaryFile(suffix=".tar.xz") as f:
+    f.write(build_bundle().data); f.flush(); extract_bundle(f.name, sys.argv[1])' "$out/ekka-engine" >> "$out/install-ekka-deps.log" 2>&1
   export PYTHONPATH="$out/ekka-engine${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if [ -z "$missing" ] && "$py" -c 'import ekka_core.pipeline' >> "$out/install-ekka-deps.log" 2>&1; then

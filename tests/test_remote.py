@@ -86,6 +86,21 @@ def test_executor_url_forms():
             parse_host_url(bad)
 
 
+def test_engine_bundle_holds_what_the_host_runs_and_not_the_client_only_code():
+    import io
+    import tarfile
+
+    from ekka_core.remote.bundle import CLIENT_ONLY, build_bundle
+
+    bundle = build_bundle()
+    names = set(tarfile.open(fileobj=io.BytesIO(bundle.data), mode="r:xz").getnames())
+    assert {"ekka_core/pipeline.py", "ekka_core/remote/agent.py", "ekka_core/capture/vllm_plugin.py"} <= names
+    assert any(n.startswith("ekka_core/agent/knowledge/") and n.endswith(".json") for n in names)
+    assert not {f"ekka_core/{m}" for m in CLIENT_ONLY} & names
+    assert not any("__pycache__" in n for n in names)
+    assert build_bundle().sha256 == bundle.sha256                # deterministic: its hash decides the upload
+
+
 def test_host_key_mismatch_is_refused(sshd, remote, demo_spec, tmp_path):
     spec, _ = demo_spec
     impostor = _keypair(tmp_path / "other_host_key")            # a different host key for the same host:port

@@ -10,7 +10,7 @@
 
 What happens (:mod:`ekka_core.remote.client`): connect with the user's SSH keys / agent and ``known_hosts`` (host-key
 verification always on); deploy the engine's pure-Python code (:mod:`ekka_core.remote.bundle`: a ~150 KB
-deterministic zip named by its SHA-256, uploaded by SFTP only when the host lacks that exact version, checked
+deterministic archive named by its SHA-256, uploaded by SFTP only when the host lacks that exact version, checked
 against its hash and extracted there into ``REMOTE_WORKDIR/engine/ekka-<version>-<sha16>/``); start ``python -m
 ekka_core.remote.agent`` there with that directory first on ``PYTHONPATH`` and the host's own torch / vLLM /
 SGLang (the bundle's dist-info declares Ekka's vLLM plugin, so nothing is pip-installed there); the agent runs

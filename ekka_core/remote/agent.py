@@ -1,6 +1,6 @@
 """``python -m ekka_core.remote.agent`` — the remote half of a remote diagnosis (runs on the GPU host).
 
-Started over SSH by :mod:`ekka_core.remote.client` with the deployed engine zip on ``PYTHONPATH`` and the host's own
+Started over SSH by :mod:`ekka_core.remote.client` with the deployed engine (extracted) on ``PYTHONPATH`` and the host's own
 torch / vLLM / SGLang. Reads one JSON job line on stdin::
 
     {"protocol": 1, "spec": {...DiagnosisSpec...}, "out_dir": "/abs/remote/dir", "fresh": false, "env": {...}}

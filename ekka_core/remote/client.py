@@ -43,7 +43,7 @@ STDERR_TAIL = 40                     # lines of the agent's stderr kept for erro
 KEEPALIVE_S, KEEPALIVE_MAX = 15, 4   # a silent dead link is noticed within about a minute
 
 # Runs with the remote interpreter (passed base64-encoded: any login shell, no quoting trouble).
-# argv: WORKDIR BUNDLE_NAME SHA256 MODULES. The engine lives in WORKDIR/engine/BUNDLE_NAME/ (the zip, extracted),
+# argv: WORKDIR BUNDLE_NAME SHA256 MODULES. The engine lives in WORKDIR/engine/BUNDLE_NAME/ (the archive, extracted),
 # with a .ekka-bundle.sha256 marker written last: present and equal ⇒ nothing to upload.
 _PROBE = r"""
 import glob, importlib.util, json, os, shutil, sys, time
@@ -82,21 +82,21 @@ print(json.dumps({"python": sys.executable, "version": list(sys.version_info[:3]
                   "engine": dest, "ready": ready, "missing": missing}))
 """
 
-# argv: ZIP DEST SHA256. Check the uploaded zip's hash, extract it beside DEST, write the marker, rename into place
-# (atomic; a concurrent client that got there first wins), remove the zip.
+# argv: ARCHIVE DEST SHA256. Check the uploaded archive's hash, extract it beside DEST, write the marker, rename into
+# place (atomic; a concurrent client that got there first wins), remove the archive.
 _EXTRACT = r"""
-import hashlib, json, os, shutil, sys, zipfile
+import hashlib, json, os, shutil, sys, tarfile
 zp, dest, want = sys.argv[1:4]
 with open(zp, "rb") as f:
     got = hashlib.sha256(f.read()).hexdigest()
 if got != want:
     os.remove(zp)
-    print(json.dumps({"ok": False, "why": f"uploaded engine zip has sha256 {got[:16]}, expected {want[:16]}"}))
+    print(json.dumps({"ok": False, "why": f"uploaded engine archive has sha256 {got[:16]}, expected {want[:16]}"}))
     sys.exit(0)
 tmp = os.path.join(os.path.dirname(dest), "." + os.path.basename(dest) + ".tmp-" + str(os.getpid()))
 shutil.rmtree(tmp, ignore_errors=True)
-with zipfile.ZipFile(zp) as z:
-    z.extractall(tmp)
+with tarfile.open(zp, "r:xz") as t:
+    t.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
 with open(os.path.join(tmp, ".ekka-bundle.sha256"), "w") as f:
     f.write(want + "\n")
 def complete():
@@ -421,13 +421,13 @@ async def _probe(conn: Any, state: _State, python: str, workdir: str, bundle: Bu
 
 
 async def _deploy(conn: Any, state: _State, python: str, dest: str, bundle: Bundle) -> None:
-    """Upload the engine zip next to ``dest``, then have the remote check its hash and extract it into ``dest``."""
-    zip_path = f"{dest}.zip.tmp-{secrets.token_hex(4)}"
-    await _upload(conn, zip_path, bundle.data)
+    """Upload the engine archive next to ``dest``, then have the remote check its hash and extract it into ``dest``."""
+    archive = f"{dest}.tar.xz.tmp-{secrets.token_hex(4)}"
+    await _upload(conn, archive, bundle.data)
     state.payload += len(bundle.data)
     code = base64.b64encode(_EXTRACT.encode()).decode()
     cmd = " ".join(shlex.quote(a) for a in (python, "-c", f"import base64;exec(base64.b64decode('{code}'))",
-                                             zip_path, dest, bundle.sha256))
+                                             archive, dest, bundle.sha256))
     res = await conn.run(cmd, check=False)
     try:
         verdict = json.loads(str(res.stdout or "").strip().splitlines()[-1])
