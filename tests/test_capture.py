@@ -144,21 +144,33 @@ def test_architecture_the_engine_does_not_support_is_bad_input(zoo_model, tmp_pa
         capture(spec, tmp_path / "out")
 
 
-def test_an_engine_ekka_does_not_drive_is_traced_through_the_plugin(zoo_model, tmp_path):
-    """EKKA_TRACE_DIR: a user's own script with vLLM's multiprocess engine core is traced by Ekka's plugin inside the
-    engine process. The tracer learns each request's tokens from the rows it processes and closes after each step."""
+def _plain_script_run(model: Path, out: Path, tp: int = 1) -> tuple[Path, list[list[int]]]:
+    """A user's own vLLM script with the multiprocess engine core, traced only through EKKA_TRACE_DIR."""
     import os
     import subprocess
     import sys
 
     script = Path(__file__).parent / "scripts" / "plain_vllm_generate.py"
-    env = {**os.environ, "EKKA_TRACE_DIR": str(tmp_path / "trace"), "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+    env = {**os.environ, "EKKA_TRACE_DIR": str(out), "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.run([sys.executable, str(script), str(zoo_model("llama"))], env=env, capture_output=True,
-                          text=True, timeout=300)
+    if tp > 1:      # vLLM-CPU's TP workers need one core group each on a single-NUMA machine
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % (os.cpu_count() or 1)) for r in range(tp))
+    proc = subprocess.run([sys.executable, str(script), str(model), str(tp)], env=env, capture_output=True,
+                          text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    generated = json.loads(proc.stdout.split("GEN", 1)[1].splitlines()[0])
-    trace = Trace(tmp_path / "trace")
+    return out, json.loads(proc.stdout.split("GEN", 1)[1].splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def plain_script_trace(zoo_model, tmp_path_factory) -> tuple[Path, list[list[int]]]:
+    return _plain_script_run(zoo_model("llama"), tmp_path_factory.mktemp("plain") / "trace")
+
+
+def test_an_engine_ekka_does_not_drive_is_traced_through_the_plugin(plain_script_trace):
+    """EKKA_TRACE_DIR: a user's own script with vLLM's multiprocess engine core is traced by Ekka's plugin inside the
+    engine process. The tracer learns each request's tokens from the rows it processes and closes after each step."""
+    directory, generated = plain_script_trace
+    trace = Trace(directory)
     assert trace.run.framework == "vllm" and trace.run.complete, trace.run.failure
     # Two requests, numbered in order of arrival; tokens = prompt + every generated token fed back in.
     assert len(trace.run.token_ids) == 2
@@ -170,6 +182,30 @@ def test_an_engine_ekka_does_not_drive_is_traced_through_the_plugin(zoo_model, t
     assert trace.steps[0].phase == "prefill" and trace.steps[-1].phase.startswith("decode:")
     layer0 = [c for c in trace.calls if c.module == "model.layers.0"]
     assert len(layer0) == len(trace.steps)
+
+
+def test_tensor_parallel_workers_of_an_engine_ekka_does_not_drive_write_rank_traces_that_unshard(
+        plain_script_trace, zoo_model, tmp_path):
+    """TP=2 under EKKA_TRACE_DIR: each worker process traces its rank; --target-trace unshards them once into a
+    trace equal to the TP=1 run's (same tokens, same tensors within rounding)."""
+    from ekka_core.capture import spec_for_trace
+
+    tp2_dir, generated2 = _plain_script_run(zoo_model("llama"), tmp_path / "tp2", tp=2)
+    tp1_dir, generated1 = plain_script_trace
+    assert generated2 == generated1
+    assert [Trace(tp2_dir / f"rank-{r}").run.tp_rank for r in (0, 1)] == [0, 1]
+    spec = spec_for_trace(tp2_dir)                       # merges rank-0/ and rank-1/ into tp2_dir, kept
+    assert (tp2_dir / "index.json").exists() and spec.dtype == "float32" and spec.target_trace == str(tp2_dir)
+    tp1, tp2 = Trace(tp1_dir), Trace(tp2_dir)
+    assert tp2.run.token_ids == tp1.run.token_ids
+    i1, i2 = _calls_by_module(tp1), _calls_by_module(tp2)
+    for module in ("model.layers.0.self_attn.qkv_proj", "model.layers.1.mlp.gate_up_proj",
+                   "model.layers.2.self_attn.attn", "model.layers.3.mlp.act_fn", "logits_processor"):
+        a = _gather(tp1, i1, Endpoint([module]), "tokens")
+        b = _gather(tp2, i2, Endpoint([module]), "tokens")
+        assert set(a) == set(b), module
+        ta, tb = torch.stack([a[k] for k in sorted(a)]), torch.stack([b[k] for k in sorted(a)])
+        assert (ta - tb).norm() / ta.norm() < 1e-4, module
 
 
 def test_vllm_serve_is_traced_and_its_trace_diagnosed(zoo_model, tmp_path):
