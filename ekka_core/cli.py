@@ -142,6 +142,10 @@ def _import_repro(args: argparse.Namespace) -> int:
 def _spec_from_args(args: argparse.Namespace, *, local: bool = True):
     from ekka_core.spec import DiagnosisSpec
 
+    if args.target_trace and (args.spec or args.prompt or not local):
+        raise BadInput("--target-trace diagnoses what the traced engine ran: it takes no --spec or --prompt, and "
+                       "runs where the trace is (not with --executor)",
+                       fix="drop --spec, --prompt and --executor: the trace says what ran")
     if args.spec:
         spec = DiagnosisSpec.from_toml(args.spec)
     elif args.target_trace:
@@ -234,7 +238,7 @@ def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None,
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ekka_core.pipeline import STAGES, diagnose
+    from ekka_core import STAGES
 
     err = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]}[/] {task.description}"),
@@ -245,6 +249,7 @@ def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None,
             bar.update(task, completed=STAGES.index(stage), description=msg, stage=stage)
 
         if remote is None:
+            from ekka_core.pipeline import diagnose
             result = diagnose(spec, out, fresh=fresh, progress=progress, env=env)
         else:
             from ekka_core.remote import DEFAULT_REMOTE_PYTHON, DEFAULT_REMOTE_WORKDIR, run_remote_diagnosis

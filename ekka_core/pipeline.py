@@ -22,7 +22,6 @@ from ekka_core.report import build_report, write_report
 from ekka_core.spec import DiagnosisSpec
 from ekka_core.tree import build_tree, call_site
 
-STAGES = ["capture", "tree", "mapping", "align", "analysis", "report"]
 Progress = Callable[[str, str], None]   # (stage, message)
 
 

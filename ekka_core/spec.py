@@ -94,7 +94,8 @@ class DiagnosisSpec:
         def bad(field_: str, want: str) -> BadInput:
             return BadInput(f"spec field `{field_}` must be {want}, got {getattr(self, field_)!r}",
                             fix=f"write `{field_}` as {want}")
-        for name in ("model", "target", "reference", "dtype"):
+        for name in ("model", "target", "reference", "dtype", "trace_modules", "trace_store_dtype",
+                     "trace_positions", "target_trace"):
             if not isinstance(getattr(self, name), str):
                 raise bad(name, "a string")
         if isinstance(self.prompts, str) or not isinstance(self.prompts, list) \
@@ -114,8 +115,6 @@ class DiagnosisSpec:
                 raise BadInput(f"trace_modules is not a valid regular expression ({e})",
                                fix="write a Python regex matching module paths, e.g. 'layers\\.(0|1)\\.'") from None
         if self.trace_positions:
-            if not isinstance(self.trace_positions, str):
-                raise bad("trace_positions", 'a string such as "0-15,40-"')
             parse_positions(self.trace_positions)
         if not isinstance(self.engine_args, dict):
             raise bad("engine_args", "a table, e.g. [engine_args] max_model_len = 1024")

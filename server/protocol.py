@@ -83,9 +83,8 @@ REQUEST_FAILED = -32803
 
 HEAVY_PACKAGES = ("torch", "vllm", "transformers", "sglang")
 
-# The pipeline's stages (ekka_core.pipeline.STAGES, repeated here so the server never imports the pipeline) and
-# where each starts on the 0–100 progress scale: capturing (three real model runs) dominates the time.
-STAGES = ("capture", "tree", "mapping", "align", "analysis", "report")
+# Where each of the pipeline's stages starts on the 0–100 progress scale: capturing (three real model runs)
+# dominates the time.
 STAGE_START = {"capture": 0, "tree": 70, "mapping": 75, "align": 80, "analysis": 85, "report": 95}
 
 

@@ -86,8 +86,6 @@ class Worker:
                                            for k, v in env.items())):
             raise BadInput("env must map EKKA_* names to strings", fix="pass only EKKA_* variables in env")
 
-        from ekka_core.pipeline import diagnose
-
         seen: dict[str, int] = {}
 
         def progress(stage: str, message: str) -> None:
@@ -97,6 +95,7 @@ class Worker:
                                                         "percent": stage_percent(stage, n)}})
 
         if executor is None:
+            from ekka_core.pipeline import diagnose
             result = diagnose(spec, Path(out_dir), fresh=bool(params.get("fresh")), progress=progress, env=env)
         else:
             import signal

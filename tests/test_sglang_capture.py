@@ -32,7 +32,8 @@ from torch import nn
 
 from ekka_core.align import Traces, _calls_by_module, _gather, prove_alignment
 from ekka_core.capture import hf_runner, sglang_runner, sglang_tracing
-from ekka_core.capture.sglang_tracing import BatchLayout, RowLedger, batch_layout
+from ekka_core.capture.rows import RowLedger
+from ekka_core.capture.sglang_tracing import BatchLayout, batch_layout
 from ekka_core.capture.trace import TensorRef, Trace
 from ekka_core.errors import BadInput, InternalFailure
 from ekka_core.mapping import Endpoint
@@ -110,31 +111,35 @@ def test_layout_of_call_finds_the_forward_batch_in_positional_or_keyword_argumen
     assert "without a ForwardBatch" in sglang_tracing.layout_of_call((fb.input_ids, fb.positions), {}).problem
 
 
+def _see(ledger: RowLedger, layout: BatchLayout, input_ids: torch.Tensor) -> None:
+    ledger.see(layout.reqs, layout.pos, input_ids, layout.problem)
+
+
 def test_row_ledger_proves_each_token_traced_once_with_the_driver_token():
     tokens = [[5, 6, 7, 8], [9, 10, 11]]
     good = RowLedger()
-    good.see(batch_layout(_batch(ForwardMode.EXTEND, [("r0", 0, 3), ("r1", 0, 2)]), None), torch.tensor([5, 6, 7, 9, 10]))
-    good.see(batch_layout(_batch(ForwardMode.DECODE, [("r0", 3, 1), ("r1", 2, 1)]), None), torch.tensor([8, 11]))
+    _see(good, batch_layout(_batch(ForwardMode.EXTEND, [("r0", 0, 3), ("r1", 0, 2)]), None), torch.tensor([5, 6, 7, 9, 10]))
+    _see(good, batch_layout(_batch(ForwardMode.DECODE, [("r0", 3, 1), ("r1", 2, 1)]), None), torch.tensor([8, 11]))
     assert good.proof({"r0": 0, "r1": 1}, tokens) == []
 
     gap = RowLedger()
-    gap.see(batch_layout(_batch(ForwardMode.EXTEND, [("r0", 2, 2)]), None), torch.tensor([7, 8]))
+    _see(gap, batch_layout(_batch(ForwardMode.EXTEND, [("r0", 2, 2)]), None), torch.tensor([7, 8]))
     assert any("positions [0, 1] were never traced" in p for p in gap.proof({"r0": 0}, tokens[:1]))
 
     swapped = RowLedger()   # rows attributed to the wrong request
-    swapped.see(batch_layout(_batch(ForwardMode.EXTEND, [("r1", 0, 4), ("r0", 0, 3)]), None),
+    _see(swapped, batch_layout(_batch(ForwardMode.EXTEND, [("r1", 0, 4), ("r0", 0, 3)]), None),
                 torch.tensor([5, 6, 7, 8, 9, 10, 11]))
     assert any("fed other tokens" in p for p in swapped.proof({"r0": 0, "r1": 1}, tokens))
 
     twice = RowLedger()   # a retracted request recomputed
     for _ in range(2):
-        twice.see(batch_layout(_batch(ForwardMode.EXTEND, [("r1", 0, 3)]), None), torch.tensor([9, 10, 11]))
+        _see(twice, batch_layout(_batch(ForwardMode.EXTEND, [("r1", 0, 3)]), None), torch.tensor([9, 10, 11]))
     problems = twice.proof({"r1": 1, "x": 0}, [[1], tokens[1]])
     assert any("more than once" in p and "mem_fraction_static" in p for p in problems)
     assert any("sequence 0: positions [0]" in p for p in problems)
 
     stranger = RowLedger()
-    stranger.see(batch_layout(_batch(ForwardMode.DECODE, [("warmup", 0, 1)]), None), torch.tensor([1]))
+    _see(stranger, batch_layout(_batch(ForwardMode.DECODE, [("warmup", 0, 1)]), None), torch.tensor([1]))
     assert any("did not send" in p for p in stranger.proof({}, []))
 
 

@@ -177,6 +177,20 @@ def test_cli_bad_dtype(tmp_path, model_dir):
     assert "fp8" in line and "bfloat16" in line
 
 
+@pytest.mark.parametrize("field", ["trace_modules", "trace_positions", "trace_store_dtype", "target_trace"])
+def test_cli_spec_file_with_a_non_string_trace_option_is_bad_input(tmp_path, model_dir, field):
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'model = "{model_dir}"\nprompts = ["hi"]\n{field} = 5\n')
+    line = _one_error_line(_ekka("diagnose", "--spec", str(spec), "--out", str(tmp_path / "out"), cwd=tmp_path))
+    assert f"`{field}` must be a string" in line
+
+
+def test_cli_target_trace_with_prompts_is_bad_input(tmp_path):
+    line = _one_error_line(_ekka("diagnose", "--target-trace", str(tmp_path), "--prompt", "hi",
+                                 "--out", str(tmp_path / "out"), cwd=tmp_path))
+    assert "--target-trace" in line and "--prompt" in line
+
+
 @pytest.mark.parametrize("kind", ["missing", "directory", "invalid"])
 def test_cli_unreadable_spec(tmp_path, kind):
     spec = {"missing": tmp_path / "missing.toml", "directory": tmp_path}.get(kind, tmp_path / "bad.toml")

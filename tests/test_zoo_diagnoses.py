@@ -24,9 +24,9 @@ def _report(out):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_clean_bf16_run_is_consistent(arch, clean_diagnosis):
     code, out = clean_diagnosis(arch, "bfloat16")
-    report = _report(out)
     assert code == 0, (out / "cli.log").read_text()[-2000:]
-    assert report["verdict"] == "consistent"
+    report = _report(out)
+    assert report["verdict"] == "consistent" and report["threshold"] == 2.0
     assert all(s["error_ratio"] <= report["threshold"] for s in report["plots"]["series"])
     # every mapped pair was actually compared: no alignment failed
     assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []
@@ -37,8 +37,9 @@ def test_clean_bf16_run_is_consistent(arch, clean_diagnosis):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fp32_target_matches_fp32_reference_for_every_pair(arch, clean_diagnosis):
     code, out = clean_diagnosis(arch, "float32")
-    report = _report(out)
     assert code == 0, (out / "cli.log").read_text()[-2000:]
+    report = _report(out)
+    assert report["threshold"] == 2.0
     series = report["plots"]["series"]
     assert len(series) >= 40
     assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []

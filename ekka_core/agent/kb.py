@@ -62,10 +62,6 @@ class KBKey:
                  f"{self.reference_version}", self.target_class, self.reference_class]
         return "__".join(re.sub(r"[^A-Za-z0-9_.-]", "_", p) for p in parts) + ".json"
 
-    def with_versions(self, t: str, r: str) -> "KBKey":
-        return KBKey(self.target_framework, t, self.reference_framework, r, self.target_class,
-                     self.reference_class)
-
     def matches(self, other: dict[str, Any]) -> bool:
         """``other`` (a file's key) applies to this key: same frameworks and classes, versions equal or ``any``."""
         try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ekka_core.align import AlignmentError, _gather
+from ekka_core.align import AlignmentError, _gather, _is_float
 from ekka_core.capture.trace import TensorRef, Trace
 from ekka_core.mapping import Endpoint
 
@@ -39,10 +39,6 @@ class ToolError(Exception):
     """A tool could not do what was asked; the message goes back to the model as a tool error."""
 
 
-def _float(ref: Any) -> bool:
-    return isinstance(ref, TensorRef) and ref.dtype in ("float32", "float16", "bfloat16", "float64")
-
-
 def module_calls(trace: Trace, module: str, framework: str) -> list[Any]:
     calls = trace.calls_of(module)
     if not calls:
@@ -59,7 +55,8 @@ def selects_for(trace: Trace, module: str, port: str) -> list[str]:
     calls = trace.calls_of(module)
     if not calls:
         return []
-    refs = [r for r in (calls[0].outputs if port == "output" else calls[0].inputs) if _float(r)]
+    refs = [r for r in (calls[0].outputs if port == "output" else calls[0].inputs)
+            if isinstance(r, TensorRef) and _is_float(r)]
     out = ["first"]
     if len(refs) >= 2 and refs[0].shape == refs[1].shape:
         out.append("stream")
@@ -80,9 +77,6 @@ def endpoint_rows(trace: Trace, module: str, port: str = "output", select: str =
     if not rows:
         return None
     keys = sorted(rows)
-    widths = {rows[k].numel() for k in keys}
-    if len(widths) != 1:
-        raise ToolError(f"{module}: its {port} rows have different widths across calls {sorted(widths)}")
     return keys, np.stack([rows[k].double().numpy().reshape(-1) for k in keys])
 
 

@@ -142,11 +142,11 @@ def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[
 # ---------------------------------------------------------------------------------------------------------------
 def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, list[ModuleCall]]],
                order: int) -> AlignedPair:
+    _check_declared_split(pair, traces.target)     # static: before any tensor is read
     if pair.aligner:
         # Agent- or user-written code: run in the sandbox, never here (ekka_core.align.custom).
         from ekka_core.align.custom import align_with_aligner
         keys, x_t, x_r, y_r = align_with_aligner(pair, traces)
-        _check_declared_split(pair, traces.target)
         return AlignedPair(pair, order, keys, x_t, x_r, y_r)
     t_rows = _rows(traces.target, index[id(traces.target)], pair.target, pair.rows)
     keys = sorted(t_rows.index)
@@ -164,7 +164,6 @@ def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, l
             raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: the reference has no "
                                  f"rows for (sequence, position) {missing[:3]}")
         sides.append(rows)
-    _check_declared_split(pair, traces.target)
     x_t, x_r, y_r = (s.take(keys) for s in sides)
     if x_t.shape != x_r.shape:
         raise AlignmentError(f"{pair.component} ↔ {', '.join(pair.reference.modules)}: shapes differ after "
@@ -248,9 +247,12 @@ def _rows(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: 
                     flat = _token_rows(tensor, len(keys), call.module)
             keys_all.extend(keys)
             blocks.append(flat)
-        if not blocks or len({b.shape[1] for b in blocks}) != 1:
+        if not blocks:
             parts.append(Rows({}, torch.empty(0, 0)))
             continue
+        widths = sorted({b.shape[1] for b in blocks})
+        if len(widths) != 1:
+            raise AlignmentError(f"{module}: its {ep.port} rows have different widths across calls {widths}")
         index = {k: i for i, k in enumerate(keys_all) if k[0] >= 0}
         matrix = torch.cat(blocks)
         parts.append(Rows(index, matrix * ep.scale if ep.scale is not None else matrix))
@@ -328,12 +330,10 @@ def prove_alignment(traces: Traces) -> None:
         _prove_layer_chain(tr)
 
 
-def _first_output(trace: Trace, module: str, select: str = "first") -> tuple[list[Key], torch.Tensor] | None:
+def _first_output(trace: Trace, module: str) -> Rows | None:
     if not trace.calls_of(module):
         return None
-    rows = _gather(trace, trace.by_module(), Endpoint([module], select=select), "tokens")
-    keys = sorted(rows)
-    return keys, torch.stack([rows[k] for k in keys])
+    return _rows(trace, trace.by_module(), Endpoint([module]), "tokens")
 
 
 def _prove_embeddings_equal(t: Trace, r: Trace) -> None:
@@ -347,9 +347,8 @@ def _prove_embeddings_equal(t: Trace, r: Trace) -> None:
         return
     scale = t.run.declared.get("embedding_normalizer")
     # The rows both traces hold (all of them, unless the capture was restricted to some token positions).
-    common = sorted(set(a[0]) & set(b[0]))
-    ta = a[1][[a[0].index(k) for k in common]]
-    tb = b[1][[b[0].index(k) for k in common]]
+    common = sorted(set(a.index) & set(b.index))
+    ta, tb = a.take(common), b.take(common)
     if tb.shape != ta.shape:
         raise BadInput(f"embeddings have different shapes: target {list(ta.shape)}, reference {list(tb.shape)}",
                        fix="the traces are of different models; capture both from the same checkpoint")

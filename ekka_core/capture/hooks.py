@@ -27,6 +27,7 @@ Layout = tuple[list[Any], list[int]]
 
 # Class → (name, qualname, class file, line, forward file, line): inspect re-reads source files, so once per process.
 _CLASS_INFO: dict[type, tuple] = {}
+_FUNCTION_SOURCE: dict[Any, tuple[str | None, int | None]] = {}
 
 
 def _checksum(t: torch.Tensor) -> float:
@@ -87,13 +88,17 @@ class ModuleTracer:
         self._child_attr: dict[tuple[int, int], str] = {}   # (parent id, child id) -> attribute name
         self._stack: list[str] = []                          # paths of the modules executing right now
         self._parent_ids: list[int] = []
-        self._live: list[tuple[ModuleCall, torch.Tensor, float]] = []   # outputs of this step, for _check_mutations
+        # This step's outputs with their checksum at hook time, for _check_mutations. Held until the step ends (on
+        # a GPU this keeps the step's activations alive): a tensor changed in place after its hook — the trust
+        # check — can only be seen while it exists.
+        self._live: list[tuple[ModuleCall, torch.Tensor, float]] = []
         # Inputs are cloned when the module is entered (a fused kernel may overwrite them in place before the
         # forward hook runs); one list per executing module, matched to its call when it completes.
         self._inputs: list[list[TensorRef | str | None] | None] = []
-        # This step's stored outputs by tensor identity: an input that *is* an earlier output, unchanged, reuses
-        # its stored copy instead of writing the same bytes again (most inputs are the previous module's output).
-        self._seen: dict[int, tuple[TensorRef, torch.Tensor, torch.Tensor]] = {}
+        # This step's stored outputs by tensor identity: an input that *is* an earlier output, unchanged (same
+        # checksum, computed where the tensor lives), reuses its stored copy instead of writing the same bytes again
+        # (most inputs are the previous module's output).
+        self._seen: dict[int, tuple[TensorRef, torch.Tensor, float]] = {}
         self._entries = 0
         self.fired = 0
 
@@ -135,10 +140,8 @@ class ModuleTracer:
     def _store_input(self, key: str, x: Any) -> TensorRef | str | None:
         if isinstance(x, torch.Tensor):
             seen = self._seen.get(id(x))
-            if seen is not None and seen[1] is x:
-                kept = self._restrict(x.detach())
-                if seen[2].shape == kept.shape and torch.equal(seen[2], kept):
-                    return seen[0]
+            if seen is not None and seen[1] is x and _checksum(x) == seen[2]:
+                return seen[0]
         return self._store(key, x)
 
     def _recording(self) -> bool:
@@ -163,11 +166,10 @@ class ModuleTracer:
         rewrites the residual). The recorded value is the clone taken at hook time — the module's true output —
         so the trace stays valid; the flag says downstream consumers saw something else."""
         for call, live, checksum in self._live:
-            if _checksum(live) != checksum and not (checksum != checksum):
+            if _checksum(live) != checksum and checksum == checksum:
                 call.mutated_after_hook = True
         self._live.clear()
         self._seen.clear()
-        self.writer.new_step()
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def _start_step(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -217,9 +219,10 @@ class ModuleTracer:
         call.outputs = [self._store(f"c{index}.out{i}", x) for i, x in enumerate(values)]
         for x, ref in zip(values, call.outputs):
             if isinstance(x, torch.Tensor) and isinstance(ref, TensorRef):
+                checksum = _checksum(x)
                 if x.is_floating_point():
-                    self._live.append((call, x, _checksum(x)))
-                self._seen[id(x)] = (ref, x, self.writer.stored(ref))
+                    self._live.append((call, x, checksum))
+                self._seen[id(x)] = (ref, x, checksum)
         first = next((o for o in call.outputs if isinstance(o, TensorRef)), None)
         n_rows, n_reqs = len(step.pos), len(set(self._step_req[-1]))
         if (first is not None and first.shape and first.shape[0] != n_rows and first.shape[0] == n_reqs
@@ -230,12 +233,15 @@ class ModuleTracer:
     def record_function(self, name: str, fn: Any, args: tuple, output: Any) -> None:
         """Record a plain function call (HF's ``apply_rotary_pos_emb``) as a pseudo-module under its caller:
         the reference computes some components with functions, and they must be comparable too."""
-        if not self._recording() or not self._stack:
+        path = f"{self._stack[-1]}.{name}" if self._stack else ""
+        if not self._recording() or not path or not self.include(path):
             return
         step = self.writer.steps[-1]
         index = len(self.writer.calls)
-        ff, fl = _source(fn)
-        call = ModuleCall(index=index, step=step.index, module=f"{self._stack[-1]}.{name}", cls="function",
+        if fn not in _FUNCTION_SOURCE:
+            _FUNCTION_SOURCE[fn] = _source(fn)
+        ff, fl = _FUNCTION_SOURCE[fn]
+        call = ModuleCall(index=index, step=step.index, module=path, cls="function",
                           qualname=f"{fn.__module__}.{fn.__qualname__}", class_file=ff, class_line=fl,
                           forward_file=ff, forward_line=fl)
         call.inputs = [self._store(f"c{index}.in{i}", x) for i, x in enumerate(_flatten(list(args)))]

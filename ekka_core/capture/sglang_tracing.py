@@ -14,7 +14,8 @@ laid out request by request in ``forward_batch.rids`` order — ``extend_seq_len
 EXTEND/MIXED pass (chunked prefill and decode requests mixed into a prefill are 1-token extends), one row per
 request in a DECODE pass — and positions are the ``positions`` tensor the model receives. A ledger of every row
 (request, position, token id) proves at close that each fed token was traced exactly once with the expected id
-(:class:`RowLedger`); a trace that fails the proof is kept but marked incomplete with the reason.
+(:class:`~ekka_core.capture.rows.RowLedger`); a trace that fails the proof is kept but marked incomplete with the
+reason.
 
 SGLang's runners call ``model.forward(...)`` directly, which skips the root module's hooks (and the tracer starts a
 step in the root's pre-hook): :func:`route_forward_through_call` sends that call through ``nn.Module.__call__``.
@@ -28,21 +29,23 @@ fake ``sglang`` that follows the 0.5.23 API as read from its sources; the source
 and never imported, for every name this relies on. Only on a CUDA machine (scripts/gpu-check.sh): that a real
 SGLang honours ``run_scheduler_process_func`` in its spawned schedulers, that ``collective_rpc`` reaches each of
 them, that real batches carry these fields with these meanings, that CUDA graphs are really off, real
-tensor-parallel sharding (``tp_layout`` from SGLang's linears), and a whole diagnosis. Known gap: SGLang 0.5's
-decoder layers return their FFN contribution and carry the residual in ``forward_batch.residual_stream``, so a
-decoder layer's recorded output is not HF's hidden state (its submodules are comparable).
+tensor-parallel sharding (``tp_layout`` from SGLang's linears), and a whole diagnosis. SGLang 0.5's decoder layers
+return their FFN contribution and carry the residual outside, so their output is not HF's hidden state: the mapping
+compares them through their parts (``ekka_core.mapping.SGLANG_LAYER_REASON``).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
 from ekka_core.capture.hooks import ModuleTracer, tracer_for
+from ekka_core.capture.rows import RowLedger
 from ekka_core.capture.trace import RunInfo, TraceWriter
+from ekka_core.capture.unshard import tp_layout
 
 CONTROL_METHOD = "ekka_trace_control"
 _STATE = "_ekka_tracing"    # the Scheduler attribute holding its Tracing while a trace is open
@@ -123,55 +126,6 @@ def layout_of_call(args: tuple, kwargs: dict) -> BatchLayout:
     return batch_layout(fb, positions)
 
 
-@dataclass
-class RowLedger:
-    """Every row the model processed: (request, position) → the token id fed there, and how often."""
-
-    tokens: dict[tuple[str, int], int | None] = field(default_factory=dict)
-    repeats: dict[tuple[str, int], int] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-
-    def see(self, layout: BatchLayout, input_ids: Any) -> None:
-        if layout.problem and layout.problem not in self.problems:
-            self.problems.append(layout.problem)
-        ids = input_ids.tolist() if input_ids is not None else [None] * len(layout.pos)
-        for rid, p, tok in zip(layout.reqs, layout.pos, ids):
-            if rid is None:
-                continue
-            key = (rid, p)
-            if key in self.tokens:
-                self.repeats[key] = self.repeats.get(key, 1) + 1
-            self.tokens[key] = tok
-
-    def proof(self, seq_by_rid: dict[str, int], token_ids: list[list[int]]) -> list[str]:
-        """What is wrong with the traced rows, given what the driver fed each sequence: every (sequence, position)
-        traced exactly once, with the token the driver sent or generated there."""
-        problems = list(self.problems)
-        unknown = sorted({rid for rid, _ in self.tokens if rid not in seq_by_rid})
-        if unknown:
-            problems.append(f"rows of requests Ekka did not send: {unknown[:4]}")
-        if self.repeats:
-            (rid, p), n = next(iter(self.repeats.items()))
-            problems.append(f"{len(self.repeats)} positions were computed more than once (request {rid} position {p}: "
-                            f"{n}×): the scheduler retracted and recomputed requests — give the engine more KV-cache "
-                            "memory (engine_args.mem_fraction_static) or fewer/shorter prompts")
-        for rid, s in seq_by_rid.items():
-            expected = token_ids[s]
-            seen = {p: t for (r, p), t in self.tokens.items() if r == rid}
-            missing = [p for p in range(len(expected)) if p not in seen]
-            if missing:
-                problems.append(f"sequence {s}: positions {missing[:6]} were never traced (cached or replayed "
-                                "without hooks: radix cache or CUDA graphs on?)")
-            wrong = [p for p, t in sorted(seen.items()) if t is not None and (p >= len(expected) or t != expected[p])]
-            if wrong:
-                p = wrong[0]
-                want = expected[p] if p < len(expected) else "nothing"
-                problems.append(f"sequence {s}: the rows laid out at positions {wrong[:6]} were fed other tokens than "
-                                f"the driver's (position {p}: token {seen[p]}, expected {want}): rows assigned to the "
-                                "wrong request or position")
-        return problems
-
-
 # -- getting hooks to fire ------------------------------------------------------------------------------------------
 def route_forward_through_call(model: Any) -> Callable[[], None]:
     """Make ``model.forward(...)`` — how SGLang's runners call the model — run through ``nn.Module.__call__`` so the
@@ -241,19 +195,6 @@ def declared_weight_mapping(model: Any) -> dict[str, Any]:
     if not declared.get("packed_modules_mapping"):
         declared["packed_modules_mapping"] = packed_from_stacked(getattr(model, "stacked_params_mapping", None))
     return declared
-
-
-def tp_layout(model: Any) -> dict[str, Any]:
-    """How each module's output is split across tensor-parallel ranks (see :mod:`ekka_core.capture.unshard`).
-
-    SGLang's column-parallel linears (``gather_output=False``) keep a slice of every output block; fused ones
-    declare their blocks' full widths in ``output_sizes`` (qkv: q, k, v; gate_up: gate, up)."""
-    out: dict[str, Any] = {}
-    for name, m in model.named_modules():
-        if getattr(m, "gather_output", True) is False:
-            blocks = list(getattr(m, "output_sizes", None) or [m.output_size])
-            out[name] = {"blocks": [int(b) for b in blocks]}
-    return out
 
 
 # -- in the scheduler process ---------------------------------------------------------------------------------------
@@ -334,7 +275,7 @@ def start_on_runner(model_runner: Any, out_dir: str, run: dict[str, Any], option
             tracer.resolve_steps(lambda rid: seq_by_rid.get(str(rid), -1), prompt_lens)
             writer.checkpoint()
         lay = layout_of_call(args, kwargs)
-        ledger.see(lay, kwargs.get("input_ids", args[0] if args else None))
+        ledger.see(lay.reqs, lay.pos, kwargs.get("input_ids", args[0] if args else None), lay.problem)
         return lay.reqs, lay.pos
 
     restore_forward = route_forward_through_call(model)

@@ -135,7 +135,6 @@ class TraceWriter:
         self.steps: list[Step] = []
         self.calls: list[ModuleCall] = []
         self._pending: dict[str, torch.Tensor] = {}
-        self._by_key: dict[str, torch.Tensor] = {}   # this step's copies (cleared by new_step)
         self._pending_bytes = 0
         self._shard = 0
         self._lock = threading.Lock()
@@ -149,16 +148,11 @@ class TraceWriter:
         t = t.to("cpu", copy=True).contiguous()
         with self._lock:
             self._pending[key] = t
-            self._by_key[key] = t
             self._pending_bytes += t.numel() * t.element_size()
             ref = TensorRef(key=key, shard=self._shard, shape=list(t.shape), dtype=str(t.dtype).removeprefix("torch."))
             if self._pending_bytes >= self.shard_bytes:
                 self._flush()
         return ref
-
-    def stored(self, ref: TensorRef) -> torch.Tensor:
-        """The copy held for ``ref`` (pending or in flight), for de-duplicating identical tensors."""
-        return self._by_key[ref.key]
 
     def _flush(self) -> None:
         if self._pending:
@@ -173,9 +167,6 @@ class TraceWriter:
         if self._inflight is not None:
             self._inflight.result()      # re-raises a failed write (disk full) here, in the capturing thread
             self._inflight = None
-
-    def new_step(self) -> None:
-        self._by_key.clear()
 
     def checkpoint(self) -> None:
         """Make what was captured so far readable on disk (marked incomplete): for engines Ekka does not drive."""

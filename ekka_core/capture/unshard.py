@@ -10,11 +10,26 @@ gated activation) hold a contiguous slice and are concatenated.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ekka_core.capture.trace import ModuleCall, TensorRef, Trace, TraceWriter
 from ekka_core.errors import InternalFailure
+
+
+def tp_layout(model: Any) -> dict[str, Any]:
+    """How each module's output is split across tensor-parallel ranks, as the engine declares it (vLLM and SGLang
+    name these attributes alike): a column-parallel linear without gather (``gather_output=False``) keeps a slice
+    of every output block, and fused ones list their blocks' full widths in ``output_sizes`` (qkv: q, k, v — with
+    the engine's own KV-head replication and value head size; gate_up: gate, up). Attention and gated activations
+    inherit the column slice of their input."""
+    out: dict[str, Any] = {}
+    for name, m in model.named_modules():
+        if getattr(m, "gather_output", True) is False:
+            blocks = list(getattr(m, "output_sizes", None) or [m.output_size])
+            out[name] = {"blocks": [int(b) for b in blocks]}
+    return out
 
 
 def unshard(rank_dirs: list[Path], out_dir: Path) -> Path:

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ekka_core.capture.hooks import ModuleTracer, tracer_for
+from ekka_core.capture.rows import RowLedger
 from ekka_core.capture.trace import RunInfo, TraceWriter
+from ekka_core.capture.unshard import tp_layout
 
 _TRACER: ModuleTracer | None = None
 _SERVED: "ServedRequests | None" = None
@@ -76,12 +78,14 @@ def step_done(failure: str | None = None) -> None:
         _SERVED.write_into(_TRACER, failure)
 
 
-def close_served() -> dict[str, Any]:
-    """Close an autostarted trace (at engine exit) with what it learnt of the requests itself."""
+def close_served() -> None:
+    """At engine exit: the last step's index, and the hooks removed."""
+    global _TRACER, _SERVED
     if _TRACER is None or _SERVED is None:
-        return {"calls": 0, "steps": 0, "fired": 0}
-    seq_by_req, token_ids, prompt_lens, generated, problem = _SERVED.sequences()
-    return close(seq_by_req, prompt_lens, token_ids, generated, [], problem)
+        return
+    _TRACER.detach()
+    _SERVED.write_into(_TRACER)
+    _TRACER = _SERVED = None
 
 
 def close(seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[list[int]],
@@ -117,53 +121,29 @@ def close(seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[li
 
 
 class ServedRequests:
-    """The requests of a run Ekka does not drive, learnt from the rows the model processes: which token each
-    request fed at each position, and its prompt length (from the runner's request state). Sequences are numbered
-    in order of first appearance; a request's tokens are its prompt plus the generated tokens fed back in."""
+    """The requests of a run Ekka does not drive, learnt from the rows the model processes (a
+    :class:`~ekka_core.capture.rows.RowLedger`) and their prompt lengths from the runner's request state. A request's
+    tokens are its prompt plus the generated tokens fed back in."""
 
     def __init__(self) -> None:
-        self.seq: dict[str, int] = {}
-        self.tokens: dict[str, dict[int, int]] = {}
+        self.rows = RowLedger()
         self.prompt_len: dict[str, int] = {}
 
     def see(self, reqs: list[Any], pos: list[int], input_ids: Any, requests: dict[str, Any]) -> None:
-        ids = input_ids.tolist() if input_ids is not None else [None] * len(pos)
-        for rid, p, tok in zip(reqs, pos, ids):
-            if rid is None:
-                continue
-            if rid not in self.seq:
-                self.seq[rid] = len(self.seq)
-                state = requests.get(rid)
-                prompt = getattr(state, "prompt_token_ids", None)
+        for rid in reqs:
+            if rid is not None and rid not in self.prompt_len:
+                prompt = getattr(requests.get(rid), "prompt_token_ids", None)
                 if prompt is not None:
                     self.prompt_len[rid] = len(prompt)
-            self.tokens.setdefault(rid, {})[p] = tok
-
-    def sequences(self) -> tuple[dict[str, int], list[list[int]], list[int], list[list[int]], str | None]:
-        """(sequence of each request, token ids, prompt lengths, generated ids fed back, what is missing)."""
-        token_ids, prompt_lens, generated, problems = [], [], [], []
-        for rid in self.seq:
-            toks = self.tokens[rid]
-            n = max(toks) + 1
-            gaps = [p for p in range(n) if p not in toks]
-            ids = [toks.get(p) for p in range(n)]
-            plen = self.prompt_len.get(rid, n)
-            if gaps:
-                problems.append(f"request {rid}: positions {gaps[:4]} were never computed (prefix caching reused "
-                                "them); restart the engine with prefix caching off (--no-enable-prefix-caching)")
-            elif any(t is None for t in ids):
-                problems.append(f"request {rid}: the model was fed embeddings, not token ids")
-            token_ids.append([t if t is not None else -1 for t in ids])
-            prompt_lens.append(plen)
-            generated.append(token_ids[-1][plen:])
-        return dict(self.seq), token_ids, prompt_lens, generated, "; ".join(problems) or None
+        self.rows.see(reqs, pos, input_ids)
 
     def write_into(self, tracer: ModuleTracer, failure: str | None = None) -> None:
         """Name every recorded step's sequences and phases and write the index: complete unless a step failed,
         a request's tokens are not all known, or no hook fired."""
-        seq_by_req, token_ids, prompt_lens, generated, problem = self.sequences()
+        seq_by_req, token_ids, prompt_lens, problem = self.rows.sequences(self.prompt_len)
         run = tracer.writer.run
-        run.token_ids, run.prompt_lens, run.generated_ids = token_ids, prompt_lens, generated
+        run.token_ids, run.prompt_lens = token_ids, prompt_lens
+        run.generated_ids = [ids[n:] for ids, n in zip(token_ids, prompt_lens)]
         tracer.resolve_steps(lambda rid: seq_by_req.get(rid, -1), prompt_lens)
         failure = failure or problem or (None if tracer.fired else "no module hook fired: the model ran under "
                                                                    "CUDA graphs or torch.compile")
@@ -185,23 +165,3 @@ def declared_weight_mapping(model: Any) -> dict[str, Any]:
     if normalizer is not None:
         declared["embedding_normalizer"] = float(normalizer)
     return declared
-
-
-def tp_layout(model: Any) -> dict[str, Any]:
-    """How each module's output is split across tensor-parallel ranks (only modules whose output is sharded).
-
-    Column-parallel linears without gather keep a slice of the features; fused ones (qkv, gate_up) keep a slice of
-    *each* block, so unsharding must re-assemble block by block. Attention and gated activations inherit the
-    column slice of their input."""
-    out: dict[str, Any] = {}
-    for name, m in model.named_modules():
-        cls = type(m).__name__
-        if cls == "QKVParallelLinear":
-            tp = m.tp_size
-            out[name] = {"blocks": [m.total_num_heads * m.head_size, m.total_num_kv_heads * m.head_size,
-                                    m.total_num_kv_heads * m.head_size], "tp": tp}
-        elif hasattr(m, "output_sizes") and hasattr(m, "gather_output") and not m.gather_output:
-            out[name] = {"blocks": list(m.output_sizes), "tp": m.tp_size}
-        elif hasattr(m, "gather_output") and not m.gather_output:
-            out[name] = {"blocks": [m.output_size], "tp": m.tp_size}
-    return out

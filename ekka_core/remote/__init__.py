@@ -138,7 +138,7 @@ def run_remote_diagnosis(spec: "DiagnosisSpec", host_url: str, *, remote_python:
                          connect_timeout: float = 30.0) -> RemoteDiagnosis:
     """Run one diagnosis on ``host_url`` and return its report, fetched into ``out_dir_local``. Blocking.
 
-    * ``progress(stage, message)``: stages are :data:`ekka_core.pipeline.STAGES` (connecting and deploying report
+    * ``progress(stage, message)``: stages are :data:`ekka_core.STAGES` (connecting and deploying report
       as ``capture``, fetching the results as ``report``), called on the calling thread.
     * ``env``: environment for the remote run (e.g. ``{"EKKA_INJECT_BUG": name}``, ``CUDA_VISIBLE_DEVICES``);
       ``EKKA_*`` variables are part of the trace-reuse fingerprint, as locally. Nothing of the local environment

@@ -10,7 +10,7 @@ one JSON event per line on stdout:
 
 * ``{"event": "hello", "pid", "pgid", "python", "ekka_file", ...}`` — first, before any heavy import; ``pgid`` is
   the process group the client kills on cancel (the agent makes itself a session leader: ``setsid``);
-* ``{"event": "progress", "stage", "message"}`` — the pipeline's progress (stages of ``pipeline.STAGES``);
+* ``{"event": "progress", "stage", "message"}`` — the pipeline's progress (stages of ``ekka_core.STAGES``);
 * ``{"event": "done", "results", "results_bytes", "verdict", "trace_bytes", ...}`` — ``results`` is a small zip of
   report.json/md/html, mapping.json, the agent transcript if any, and summary.json for the client to fetch (never
   traces);

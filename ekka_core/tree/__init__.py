@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ekka_core.sources import short_path
+
 if TYPE_CHECKING:   # the tree is read by light processes (the language server): no torch at import time
     from ekka_core.capture.trace import Trace
 
@@ -45,21 +47,20 @@ class ModelTree:
     def render(self) -> str:
         """One line per module, repeated layers folded: ``model.layers.[0-3].mlp  Gemma3MLP``."""
         folded: dict[tuple[str, str], list[int]] = {}
+        first: dict[tuple[str, str], ModuleNode] = {}      # the node each folded line stands for
         for name, node in self.modules.items():
             m = re.search(r"\.(\d+)(\.|$)", name)
             key = (re.sub(r"\.(\d+)(\.|$)", r".#\2", name, count=1), node.cls) if m else (name, node.cls)
             folded.setdefault(key, []).append(int(m.group(1)) if m else -1)
+            first.setdefault(key, node)
         lines = []
         for (pattern, cls), idx in folded.items():
             shown = pattern
             if "#" in pattern:
                 shown = pattern.replace("#", f"[{min(idx)}-{max(idx)}]" if len(idx) > 1 else str(idx[0]))
             depth = shown.count(".")
-            node = next(n for n in self.modules.values() if n.cls == cls)
-            where = ""
-            if node.class_file:
-                tail = node.class_file.split("site-packages/")[-1]
-                where = f"  ({tail}:{node.class_line})"
+            node = first[(pattern, cls)]
+            where = f"  ({short_path(node.class_file)}:{node.class_line})" if node.class_file else ""
             lines.append(f"{'  ' * depth}{shown or '<root>'}  {cls}{where}")
         return "\n".join(lines)
 

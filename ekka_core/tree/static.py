@@ -1137,11 +1137,6 @@ class StaticIndex:
         self.modules[key] = mod
         return mod
 
-    def load_all(self) -> "StaticIndex":
-        for key in list(self._pending):
-            self._load(key)
-        return self
-
     def ensure_module(self, module_qualname: str, search_paths: Iterable[str | Path] | None = None
                       ) -> StaticModule | None:
         """Parse (once) the file of a dotted module name, found with :func:`locate_source_of`."""
