@@ -111,7 +111,7 @@ class Caller:
                                     f"the Anthropic API refused the request (HTTP {status}: {detail}){hint}") from None
                 wait = retry_after(getattr(getattr(e, "response", None), "headers", None))
                 if wait is None:
-                    wait = min(c.backoff_s * (2 ** attempt), c.max_backoff_s)
+                    wait = self._backoff(attempt)
                 if attempt >= c.max_retries or (status == 429 and wait > c.max_retry_after_s):
                     if status == 429:
                         raise AgentStop("rate-limited", REASON_RATE_LIMITED,
@@ -128,15 +128,19 @@ class Caller:
                     raise AgentStop("timeout", REASON_TIMEOUT,
                                     f"the Anthropic API did not answer within {c.timeout_s:g} s "
                                     f"({attempt + 1} attempts)") from None
-                self._retry(attempt, min(c.backoff_s * (2 ** attempt), c.max_backoff_s), "timeout")
+                self._retry(attempt, self._backoff(attempt), "timeout")
             except anthropic.APIConnectionError as e:
                 if attempt >= c.max_retries:
                     where = c.base_url or "https://api.anthropic.com"
                     raise AgentStop("unreachable", REASON_UNREACHABLE,
                                     f"the Anthropic API at {where} is unreachable ({e}; {attempt + 1} attempts): "
                                     "check the network or ANTHROPIC_BASE_URL") from None
-                self._retry(attempt, min(c.backoff_s * (2 ** attempt), c.max_backoff_s), f"connection error ({e})")
+                self._retry(attempt, self._backoff(attempt), f"connection error ({e})")
             attempt += 1
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential back-off, capped: the wait before retry ``attempt + 1`` when the API names none."""
+        return min(self.config.backoff_s * (2 ** attempt), self.config.max_backoff_s)
 
     def _retry(self, attempt: int, wait: float, why: str) -> None:
         self.retries += 1

@@ -267,13 +267,14 @@ class _Session:
                 raise AgentStop("gave-up", REASON_GAVE_UP.format(why=f"no validated result in {c.max_calls} calls"),
                                 f"no validated mapping after {c.max_calls} API calls")
             request = {"model": c.model, "system": system, "tools": TOOLS, "messages": messages}
+            estimated = estimate_tokens(request)       # serialises the whole conversation: once per call
             try:
-                max_tokens = self.budget.allow(estimate_tokens(request))
+                max_tokens = self.budget.allow(estimated)
             except BudgetExceeded as e:
                 out.budget_exceeded = e.what
                 raise AgentStop("budget-exceeded", REASON_BUDGET.format(what=e.what),
                                 f"the agent's budget is spent: {e.detail}") from None
-            self._record_request(messages, max_tokens, estimate_tokens(request))
+            self._record_request(messages, max_tokens, estimated)
             seen_events = len(caller.events)
             try:
                 resp = caller.create(max_tokens=max_tokens, **request)
