@@ -50,7 +50,7 @@ from ekka_core.agent.proposals import LAYER, Proposal, generalize, instantiate  
 from ekka_core.align import Traces, align  # noqa: E402
 from ekka_core.capture import capture, load  # noqa: E402
 from ekka_core.mapping import Mapping, map_components  # noqa: E402
-from ekka_core.spec import DiagnosisSpec  # noqa: E402
+from ekka_core.contracts.spec import DiagnosisSpec  # noqa: E402
 from ekka_core.tree import ModelTree, build_tree  # noqa: E402
 from ekka_core.zoo import build_model, known_architectures  # noqa: E402
 

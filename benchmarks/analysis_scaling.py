@@ -181,7 +181,7 @@ def child(mode: str, out: Path) -> None:
         from ekka_core.mapping import map_components
         from ekka_core.pipeline import preflight_inputs
         from ekka_core.report import build_report, write_report
-        from ekka_core.spec import DiagnosisSpec
+        from ekka_core.contracts.spec import DiagnosisSpec
         from ekka_core.tree import build_tree
 
         spec = DiagnosisSpec(**json.loads((traces / "spec.json").read_text())["spec"])

@@ -136,7 +136,7 @@ def child(cfg: dict) -> None:
 
     from ekka_core.capture.trace import RunInfo
     from ekka_core.capture.vllm_runner import engine_args
-    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.contracts.spec import DiagnosisSpec
 
     variant = cfg["variant"]
     if variant in ("hooks-only", "clone-only"):

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Callable
 
 from ekka_core import bugs
-from ekka_core.errors import EkkaError
+from ekka_core.contracts.errors import EkkaError
 from ekka_core.pipeline import diagnose
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.zoo import build_model, tokenizer_without_bos
 
-# What CI runs (tests/test_bench.py): cases the other end-to-end tests do not already diagnose.
+# What CI runs (tests/pipeline/test_bench.py): cases the other end-to-end tests do not already diagnose.
 FAST_SUBSET = ["qwen3-qk-norm-across-heads", "llama-gptj-style-rotary", "qwen3-moe-experts-wrong-activation",
                "mistral-lm-head-wrongly-tied"]
 

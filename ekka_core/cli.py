@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ekka_core.errors import BadInput, EkkaError
+from ekka_core.contracts.errors import BadInput, EkkaError
 
 EXIT = {"consistent": 0, "divergent": 1, "inputs-differ": 1}
 
@@ -140,7 +140,7 @@ def _import_repro(args: argparse.Namespace) -> int:
 
 
 def _spec_from_args(args: argparse.Namespace, *, local: bool = True):
-    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.contracts.spec import DiagnosisSpec
 
     if args.target_trace and (args.spec or args.prompt or not local):
         raise BadInput("--target-trace diagnoses what the traced engine ran: it takes no --spec or --prompt, and "
@@ -184,7 +184,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from ekka_core import bugs
-    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.contracts.spec import DiagnosisSpec
     from ekka_core.zoo import build_model
 
     bug = bugs.get("gemma3-sliding-window-every-layer")

@@ -19,7 +19,7 @@ from ekka_core.capture import capture, load
 from ekka_core.capture.trace import Trace
 from ekka_core.mapping import map_components, rules_enabled
 from ekka_core.report import build_report, write_report
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.tree import build_tree, call_site
 
 Progress = Callable[[str, str], None]   # (stage, message)

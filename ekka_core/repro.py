@@ -25,8 +25,8 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 from libcst.metadata.scope_provider import Assignment, ImportAssignment
 
-from ekka_core.errors import BadInput
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.errors import BadInput
+from ekka_core.contracts.spec import DiagnosisSpec
 
 __all__ = ["ReproImport", "Unknown", "import_repro", "to_toml"]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Make sure an OpenSSH server binary exists at /usr/sbin/sshd: the remote-execution tests (tests/test_remote.py)
-# start a private sshd on 127.0.0.1 with a throw-away config, host key and user key (tests/sshd_fixture.py).
+# Make sure an OpenSSH server binary exists at /usr/sbin/sshd: the remote-execution tests (tests/remote/test_remote.py)
+# start a private sshd on 127.0.0.1 with a throw-away config, host key and user key (tests/support/sshd_fixture.py).
 # Nothing is enabled or started as a system service: only the package is installed (Debian/Ubuntu: apt-get).
 # A fast no-op when sshd is already there. Exit 0 when sshd is available afterwards, 2 otherwise.
 set -uo pipefail

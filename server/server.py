@@ -206,7 +206,7 @@ class EkkaServer(LanguageServer):
             else:
                 self._fail(job, e.message, e.fix, e.exit_code)
         except Exception as e:  # noqa: BLE001 - a failing job never takes the server down
-            from ekka_core.errors import EkkaError
+            from ekka_core.contracts.errors import EkkaError
             if isinstance(e, EkkaError):
                 self._fail(job, e.message, e.fix, e.exit_code)
             else:
@@ -353,7 +353,7 @@ def parse_diagnose_args(args: tuple[Any, ...]) -> dict[str, Any]:
 def resolve_spec(req: dict[str, Any], path: str | None, workspace: str) -> tuple[dict[str, Any], list[str]]:
     """The DiagnosisSpec fields of the request (spec file, repro script read with libcst, or inline fields) and
     notes for the log. BadInput when the input cannot give a spec; the worker validates the spec itself."""
-    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.contracts.spec import DiagnosisSpec
 
     if path is None:
         fields = dict(req["spec"])

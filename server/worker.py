@@ -61,8 +61,8 @@ class Worker:
         return {"pid": os.getpid(), "python": sys.executable, "heavy_modules": heavy_modules()}
 
     def diagnose(self, msg_id: Any, params: dict[str, Any]) -> dict[str, Any]:
-        from ekka_core.errors import BadInput
-        from ekka_core.spec import DiagnosisSpec
+        from ekka_core.contracts.errors import BadInput
+        from ekka_core.contracts.spec import DiagnosisSpec
 
         fields = params.get("spec")
         if not isinstance(fields, dict):
@@ -117,7 +117,7 @@ class Worker:
 
 
 def _error(e: BaseException) -> dict[str, Any]:
-    from ekka_core.errors import EkkaError
+    from ekka_core.contracts.errors import EkkaError
 
     if isinstance(e, EkkaError):
         return worker_error(e.message, e.fix, e.exit_code)

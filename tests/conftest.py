@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Test doubles and fixtures shared by several stages' tests (fake Anthropic server, fake SGLang, private sshd).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 
 @pytest.fixture(scope="session")

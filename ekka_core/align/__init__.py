@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 
 from ekka_core.capture.trace import ModuleCall, TensorRef, Trace, token_axis
-from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.contracts.errors import BadInput, InternalFailure
 from ekka_core.mapping import ComponentPair, Endpoint, Mapping
 
 Key = tuple[int, int]   # (sequence, position)

@@ -27,69 +27,18 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from ekka_core.align import AlignedPair, AlignedPairs
+from ekka_core.contracts.ranking import NON_FINITE_RATIO, PairResult, Ranking, Suspect
 
-# A non-finite output (NaN/inf, e.g. fp16 overflow) is the strongest divergence there is; it is reported as this
-# ratio so that it ranks above everything and stays valid JSON.
-NON_FINITE_RATIO = 1e9
+__all__ = ["NON_FINITE_RATIO", "PairResult", "Ranking", "Suspect", "analyse", "error_ratio"]
 
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24}
 KERNEL_NOISE_FLOOR = 1e-5   # relative error two correct fp32 kernels can differ by (different summation order)
-
-
-@dataclass
-class PairResult:
-    component: str
-    cls: str
-    order: int
-    reference_modules: list[str]
-    rule: str
-    error_ratio: float
-    input_ratio: float | None
-    rel_error: float                          # ‖X_T − Y_R‖ / ‖Y_R‖, for context
-    token_ratios: list[tuple[int, int, float]] = field(default_factory=list)   # (seq, pos, r)
-
-
-@dataclass
-class Suspect:
-    rank: int
-    module: str
-    cls: str
-    file: str | None
-    line: int | None
-    forward_file: str | None
-    forward_line: int | None
-    reference_modules: list[str]
-    error_ratio: float
-    input_ratio: float | None
-    onset_token: int | None
-    onset_phase: str | None
-    evidence: str
-    call_file: str | None = None    # where the parent's forward calls this module (static source parse)
-    call_line: int | None = None
-
-
-@dataclass
-class Ranking:
-    verdict: str                               # "divergent" | "consistent" | "inputs-differ"
-    threshold: float
-    dtype: str
-    pairs: list[PairResult] = field(default_factory=list)
-    suspects: list[Suspect] = field(default_factory=list)
-    change_point: int | None = None            # index into pairs
-    unchecked: list[dict[str, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    inputs_differ: list[dict[str, Any]] = field(default_factory=list)
-    prompt_lens: list[int] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def error_ratio(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str, dim: int | None = None):

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 
 ENV_VAR = "EKKA_INJECT_BUG"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from ekka_core.capture.trace import INDEX, Trace
-from ekka_core.errors import BadInput, EkkaError, InternalFailure
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
+from ekka_core.contracts.spec import DiagnosisSpec
 
 Progress = Callable[[str], None]
 

@@ -14,8 +14,8 @@ import torch
 
 from ekka_core.capture.hooks import ModuleTracer, tracer_for
 from ekka_core.capture.trace import RunInfo, TraceWriter
-from ekka_core.errors import BadInput
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.errors import BadInput
+from ekka_core.contracts.spec import DiagnosisSpec
 
 ATTN_IMPLEMENTATION = "eager"
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ekka_core.capture.trace import ModuleCall, Step, TensorRef, TraceWriter, token_axis
-from ekka_core.spec import PositionRanges, in_positions, parse_positions
+from ekka_core.contracts.spec import PositionRanges, in_positions, parse_positions
 
 # HF passes these as keyword arguments to every layer; they are bookkeeping, not activations of the module.
 _SKIPPED_KWARGS = {"attention_mask", "past_key_values", "past_key_value", "position_embeddings", "cache_position",

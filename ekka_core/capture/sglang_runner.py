@@ -13,7 +13,7 @@ Refusals (exit 2, before anything heavy starts where possible): engine arguments
 from the hooks (CUDA graphs, torch.compile), skip positions (radix cache) or lay rows out in ways the trace cannot
 describe (speculative decoding, data/pipeline parallelism); SGLang not importable; no CUDA device.
 
-Verified on CPU against a fake ``sglang`` that follows 0.5.23's API (tests/test_sglang_capture.py): the engine
+Verified on CPU against a fake ``sglang`` that follows 0.5.23's API (tests/capture/test_sglang_capture.py): the engine
 arguments and refusals, the traced-engine class, the start/generate/close sequence and its JSON requests, output
 ids by request id, tensor-parallel unsharding, failures kept as incomplete traces. Only on a CUDA machine
 (scripts/gpu-check.sh): a real ``sglang.Engine`` doing all of that; details in :mod:`sglang_tracing`.
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ekka_core.capture.trace import RunInfo, Trace
-from ekka_core.errors import BadInput, InternalFailure, engine_start_error
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.errors import BadInput, InternalFailure, engine_start_error
+from ekka_core.contracts.spec import DiagnosisSpec
 
 REQUEST_ID_PREFIX = "ekka-"
 

@@ -20,7 +20,7 @@ reason.
 SGLang's runners call ``model.forward(...)`` directly, which skips the root module's hooks (and the tracer starts a
 step in the root's pre-hook): :func:`route_forward_through_call` sends that call through ``nn.Module.__call__``.
 
-Verified on CPU (tests/test_sglang_capture.py): the layout on SGLang-shaped batches (several requests of different
+Verified on CPU (tests/capture/test_sglang_capture.py): the layout on SGLang-shaped batches (several requests of different
 lengths, chunked prefill, mixed, decode, padding, unsupported modes), the row proof, the forward routing, a real
 ModuleTracer on a small SGLang-shaped model writing a real trace that round-trips through the loader and lines up
 row by row with HF's teacher-forced trace (and passes the pipeline's alignment proof), the RPC, the

@@ -1,13 +1,4 @@
-"""The trace format: a directory of safetensors shards plus one JSON index. Never pickle.
-
-    trace/
-      index.json            run metadata, token layout of every forward step, every module call in order
-      shard-00000.safetensors  tensors, named  c<call>.in<i> / c<call>.out<i>
-
-A *step* is one forward pass of the whole model. Its layout says which (sequence, position) every row of a
-flattened activation belongs to, so the aligner can put prefill and decode rows of a batch back in order.
-A *call* is one module invocation; calls are numbered in completion order (children before parents), which is
-the order in which computation becomes final, so "the first call that diverges" is meaningful.
+"""Writing and reading traces with their tensors (the format and the index: :mod:`ekka_core.contracts.trace_index`).
 
 Tensors are cloned at hook time: fused kernels (vLLM's add+RMSNorm) later overwrite their inputs in place.
 """
@@ -17,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,97 +16,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ekka_core.errors import BadInput
+from ekka_core.contracts.trace_index import (INDEX, SCHEMA, ModuleCall, RunInfo, Step, TensorRef, TraceIndex,
+                                             token_axis)
 
-SCHEMA = "ekka.trace/1"
-INDEX = "index.json"
-
-
-@dataclass
-class TensorRef:
-    key: str
-    shard: int
-    shape: list[int]
-    dtype: str
-
-
-@dataclass
-class ModuleCall:
-    index: int
-    step: int
-    module: str            # dotted path from the model root ("" is the root)
-    cls: str               # class name
-    qualname: str          # module.qualname of the class
-    class_file: str | None
-    class_line: int | None
-    forward_file: str | None
-    forward_line: int | None
-    shared_as: str | None = None  # the registered name, when one module object serves several call sites
-    mutated_after_hook: bool = False   # an output was changed in place after the hook (value kept: hook time)
-    rows: str = "tokens"   # "tokens": one row per token of the step; "sampled": one row per sequence (last token)
-    inputs: list[TensorRef | str | None] = field(default_factory=list)   # str: summary of a non-tensor
-    outputs: list[TensorRef | str | None] = field(default_factory=list)
-    output_names: list[str] = field(default_factory=list)  # for dict-like outputs (HF ModelOutput)
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> "ModuleCall":
-        def ref(x: Any) -> TensorRef | str | None:
-            return TensorRef(**x) if isinstance(x, dict) else x
-        d = dict(d)
-        d["inputs"] = [ref(x) for x in d["inputs"]]
-        d["outputs"] = [ref(x) for x in d["outputs"]]
-        return ModuleCall(**d)
-
-
-@dataclass
-class Step:
-    index: int
-    phase: str                 # "prefill" or "decode:k"
-    seq: list[int]             # per row: which sequence (prompt index)
-    pos: list[int]             # per row: token position in that sequence
-    req: list[str | None] | None = None   # the engine's raw request ids, kept when not resolved to sequences
-
-
-@dataclass
-class RunInfo:
-    framework: str             # "hf" | "vllm" | "sglang"
-    framework_version: str
-    role: str                  # "target" | "reference" | "reference-fp32"
-    model: str
-    dtype: str
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    attn_implementation: str | None = None
-    prompts: list[str] = field(default_factory=list)
-    own_prompt_token_ids: list[list[int]] = field(default_factory=list)  # the framework's own tokenisation
-    token_ids: list[list[int]] = field(default_factory=list)   # what was actually fed, per sequence
-    prompt_lens: list[int] = field(default_factory=list)
-    generated_ids: list[list[int]] = field(default_factory=list)
-    # What the engine declares about how it loads HF weights (vLLM: packed_modules_mapping, hf_to_vllm_mapper)
-    # and constants it folds into a parent's forward (Gemma's embedding normaliser): the mapper's ground truth.
-    declared: dict[str, Any] = field(default_factory=dict)
-    tp_rank: int = 0
-    tp_size: int = 1
-    # The size-control options this trace was captured with (module regex, storage dtype, token positions): a
-    # restricted trace says so, and the aligner compares only the rows both sides kept.
-    trace_options: dict[str, str] = field(default_factory=dict)
-    complete: bool = False
-    failure: str | None = None
-
-
-def token_axis(shape: list[int] | tuple[int, ...], n: int) -> int | None:
-    """The axis of an activation that holds a step's ``n`` tokens, or None when it has none.
-
-    Engines pass flat ``[n, …]`` batches (axis 0). A reference batch of one is ``[1, L, …]`` or, per head,
-    ``[1, heads, L, d]``: the second-to-last axis when it is ``n``, else the first axis of size ``n``."""
-    if shape and shape[0] == n and (len(shape) == 1 or n == 1 or shape[0] != 1):
-        return 0
-    if shape and shape[0] == 1:
-        if len(shape) >= 3 and shape[-2] == n:
-            return len(shape) - 2
-        for axis in range(1, len(shape)):
-            if shape[axis] == n:
-                return axis
-    return None
+__all__ = ["INDEX", "SCHEMA", "ModuleCall", "RunInfo", "Step", "TensorRef", "Trace", "TraceIndex", "TraceWriter",
+           "token_axis"]
 
 
 class TraceWriter:
@@ -187,25 +92,13 @@ class TraceWriter:
         return self.dir
 
 
-class Trace:
+class Trace(TraceIndex):
     """A trace on disk. Tensors are read lazily, one at a time, from memory-mapped shards."""
 
     def __init__(self, directory: Path | str):
-        self.dir = Path(directory)
-        index_path = self.dir / INDEX
-        if not index_path.exists():
-            raise BadInput(f"{self.dir} is not an Ekka trace (no {INDEX})",
-                           fix="point at a directory written by `ekka capture` / `ekka diagnose`")
-        index = json.loads(index_path.read_text())
-        if index.get("schema") != SCHEMA:
-            raise BadInput(f"{index_path} has schema {index.get('schema')!r}, expected {SCHEMA!r}",
-                           fix="re-capture with this version of Ekka (`--fresh`)")
-        self.run = RunInfo(**index["run"])
-        self.steps = [Step(**s) for s in index["steps"]]
-        self.calls = [ModuleCall.from_json(c) for c in index["calls"]]
+        super().__init__(directory)
         self._handles: dict[int, Any] = {}
         self._bytes_read = 0
-        self._by_module: dict[str, list[ModuleCall]] | None = None
 
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         h = self._handles.get(ref.shard)
@@ -223,22 +116,3 @@ class Trace:
         if self._bytes_read > above_bytes:
             self._handles.clear()
             self._bytes_read = 0
-
-    def by_module(self) -> dict[str, list[ModuleCall]]:
-        """Every module's calls in completion order (built once: every stage looks calls up by module)."""
-        if self._by_module is None:
-            self._by_module = {}
-            for c in self.calls:
-                self._by_module.setdefault(c.module, []).append(c)
-        return self._by_module
-
-    def calls_of(self, module: str) -> list[ModuleCall]:
-        return self.by_module().get(module, [])
-
-    def modules(self) -> dict[str, ModuleCall]:
-        """First call of every module that ran, in completion order."""
-        first: dict[str, ModuleCall] = {}
-        for c in self.calls:
-            first.setdefault(c.module, c)
-        return first
-

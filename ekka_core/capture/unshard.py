@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ekka_core.capture.trace import ModuleCall, TensorRef, Trace, TraceWriter
-from ekka_core.errors import InternalFailure
+from ekka_core.contracts.errors import InternalFailure
 
 
 def tp_layout(model: Any) -> dict[str, Any]:

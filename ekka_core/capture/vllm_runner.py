@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ekka_core.capture.trace import RunInfo
-from ekka_core.errors import BadInput, InternalFailure, engine_start_error
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.errors import BadInput, InternalFailure, engine_start_error
+from ekka_core.contracts.spec import DiagnosisSpec
 
 
 def engine_args(spec: DiagnosisSpec) -> dict[str, Any]:

@@ -7,8 +7,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from ekka_core.errors import EkkaError
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.errors import EkkaError
+from ekka_core.contracts.spec import DiagnosisSpec
 
 
 def main(argv: list[str]) -> int:

@@ -25,76 +25,13 @@ on models the rules already know; a real diagnosis keeps the rules on.
 
 from __future__ import annotations
 
-import json
 import os
 import typing
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
 
+from ekka_core.contracts.mapping import SCHEMA, ComponentPair, Endpoint, Mapping, Unmapped
 from ekka_core.tree import ModelTree
 
-SCHEMA = "ekka.mapping/1"
-
-
-@dataclass
-class Endpoint:
-    modules: list[str]
-    port: str = "output"          # "output" | "input"
-    select: str = "first"         # "first" | "stream" (sum of hidden + residual) | "all" (features of every
-                                  # float output, concatenated) | "named:<key>"
-    scale: float | None = None    # multiply by a constant the other side folds into its own module
-    split_sizes: list[int] | None = None   # for 1:N, each reference module's width (GQA: q and kv differ)
-
-
-@dataclass
-class ComponentPair:
-    component: str                # the target module path: what the report names
-    relation: str                 # "1:1" | "1:N" | "N:1" | "shared"
-    rule: str
-    target: Endpoint
-    reference: Endpoint
-    rows: str = "tokens"          # "tokens" | "sampled"
-    compare_inputs: bool = False  # inputs are comparable too (1:1 same kind): enables local blame on inputs
-    input_select: str = "first"   # "stream" where the engine passes (hidden, residual) into the module
-    aligner: str | None = None    # source of a validated custom aligner (ekka_core.align.template), run sandboxed
-
-
-@dataclass
-class Unmapped:
-    module: str
-    cls: str
-    reason: str
-
-
-@dataclass
-class Mapping:
-    target_framework: str
-    reference_framework: str
-    pairs: list[ComponentPair] = field(default_factory=list)
-    unmapped: list[Unmapped] = field(default_factory=list)
-    schema: str = SCHEMA
-
-    def pair(self, component: str) -> ComponentPair | None:
-        return next((p for p in self.pairs if p.component == component), None)
-
-    def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=1))
-
-    @staticmethod
-    def load(path: Path) -> "Mapping":
-        d = json.loads(Path(path).read_text())
-        pairs = [ComponentPair(**{**p, "target": Endpoint(**p["target"]), "reference": Endpoint(**p["reference"])})
-                 for p in d["pairs"]]
-        return Mapping(d["target_framework"], d["reference_framework"], pairs,
-                       [Unmapped(**u) for u in d["unmapped"]], d.get("schema", SCHEMA))
-
-    def validate(self, target: ModelTree) -> list[str]:
-        """Every module the target ran must be mapped or explained. Returns the problems (empty = complete)."""
-        covered = {p.component for p in self.pairs} | {u.module for u in self.unmapped}
-        problems = [f"{m}: neither mapped nor explained" for m in target.modules if m not in covered]
-        problems += [f"{u.module}: unmapped ({u.reason})" for u in self.unmapped if u.reason.startswith("no rule")]
-        return problems
+__all__ = ["SCHEMA", "ComponentPair", "Endpoint", "Mapping", "Unmapped", "map_components", "rules_enabled"]
 
 
 # Classes whose output is not an activation of the model (sampling machinery) or has no reference counterpart.

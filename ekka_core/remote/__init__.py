@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
-from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.contracts.errors import BadInput, InternalFailure
 
 if TYPE_CHECKING:
-    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.contracts.spec import DiagnosisSpec
 
 DEFAULT_REMOTE_PYTHON = "python3"
 DEFAULT_REMOTE_WORKDIR = "~/.cache/ekka-remote"
@@ -151,8 +151,8 @@ def run_remote_diagnosis(spec: "DiagnosisSpec", host_url: str, *, remote_python:
     * ``cancel_event``: anything with ``is_set()`` (``threading.Event``); once set, the remote process group is
       killed and :class:`RemoteCancelled` is raised. Ctrl-C (KeyboardInterrupt) does the same, then re-raises.
 
-    Raises :class:`~ekka_core.errors.BadInput` (exit 2: host key, credentials, remote interpreter, the spec as seen
-    on the host) or :class:`~ekka_core.errors.InternalFailure` (exit 3: a lost connection — the remote run goes on
+    Raises :class:`~ekka_core.contracts.errors.BadInput` (exit 2: host key, credentials, remote interpreter, the spec as seen
+    on the host) or :class:`~ekka_core.contracts.errors.InternalFailure` (exit 3: a lost connection — the remote run goes on
     and a re-run reuses its traces —, a crashed remote run). Must not be called from a running event loop: await
     :func:`run_remote_diagnosis_async` there.
     """

@@ -14,7 +14,7 @@ one JSON event per line on stdout:
 * ``{"event": "done", "results", "results_bytes", "verdict", "trace_bytes", ...}`` — ``results`` is a small zip of
   report.json/md/html, mapping.json, the agent transcript if any, and summary.json for the client to fetch (never
   traces);
-* ``{"event": "error", "message", "fix", "exit_code"}`` — an :class:`~ekka_core.errors.EkkaError` or a crash.
+* ``{"event": "error", "message", "fix", "exit_code"}`` — an :class:`~ekka_core.contracts.errors.EkkaError` or a crash.
 
 A lost connection does not stop the run: the agent notices its stdout is gone, keeps writing events to
 ``OUT/.ekka-remote/events.jsonl`` only, and finishes the diagnosis, so its traces are complete for the next run.
@@ -116,7 +116,7 @@ def run(job: dict[str, Any], events: _Events) -> int:
     state = out_dir / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
     events.log = open(state / "events.jsonl", "a")
-    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.contracts.spec import DiagnosisSpec
 
     spec = DiagnosisSpec(**job["spec"]).validate()   # bad input fails here, before torch is imported
     lock = _lock(state, events)
@@ -205,7 +205,7 @@ def main() -> int:
             return 3
         return run(job, events)
     except Exception as e:  # noqa: BLE001 - every failure becomes one error event
-        from ekka_core.errors import EkkaError
+        from ekka_core.contracts.errors import EkkaError
 
         if isinstance(e, EkkaError):
             events.emit("error", message=e.message, fix=e.fix, exit_code=e.exit_code)

@@ -28,7 +28,7 @@ try:
 except ImportError as e:  # pragma: no cover - the [remote] extra is missing
     raise ImportError("remote execution needs asyncssh: pip install 'ekka[remote]'") from e
 
-from ekka_core.errors import BadInput, EkkaError, InternalFailure
+from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
 from ekka_core.remote import HostURL, RemoteCancelled, RemoteDiagnosis, RemoteRun
 from ekka_core.remote.agent import PROTOCOL, RESULT_FILES
 from ekka_core.remote.bundle import Bundle, build_bundle

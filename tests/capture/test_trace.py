@@ -17,7 +17,7 @@ from torch import nn
 
 from ekka_core.capture.hooks import ModuleTracer
 from ekka_core.capture.trace import INDEX, RunInfo, TensorRef, Trace, TraceWriter
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 
 HIDDEN, VOCAB = 8, 16
 
@@ -486,7 +486,7 @@ def test_positions_restriction_slices_a_reference_batch_of_one_on_its_token_axis
 
 
 def test_positions_option_is_validated_with_a_fix(tmp_path):
-    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.contracts.spec import DiagnosisSpec
 
     spec = DiagnosisSpec(model=str(tmp_path), prompts=["p"], trace_positions="4-2")
     (tmp_path / "config.json").write_text("{}")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 from ekka_core.repro import ReproImport, import_repro, to_toml
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.spec import DiagnosisSpec
 
 
 def _script(tmp_path: Path, source: str, name: str = "repro.py") -> Path:

@@ -27,7 +27,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 from ekka_core import bugs
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUG = "gemma3-sliding-window-every-layer"
 ENV = {bugs.ENV_VAR: BUG}
 HEAVY = ("torch", "vllm", "transformers")
@@ -43,7 +43,7 @@ def demo(zoo_model, tmp_path_factory) -> dict[str, Any]:
     """The demo spec as a ``.ekka.toml`` in a fresh workspace, and its traces captured once (as `ekka demo`)."""
     from ekka_core.pipeline import diagnose
     from ekka_core.repro import to_toml
-    from ekka_core.spec import DiagnosisSpec
+    from ekka_core.contracts.spec import DiagnosisSpec
 
     bug = bugs.get(BUG)
     spec = DiagnosisSpec(model=str(zoo_model(bug.arch, **bug.zoo_overrides)),

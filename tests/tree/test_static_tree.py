@@ -20,13 +20,13 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 from ekka_core.tree.static import (
     StaticIndex, StaticModule, line_table, locate_source_of, module_name_for, parse_module_source,
     static_index_for_tree,
 )
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FETCH = REPO_ROOT / "scripts" / "fetch_sglang_sources.sh"
 SGLANG_VERSION = os.environ.get("EKKA_SGLANG_VERSION", "0.5.23")
 

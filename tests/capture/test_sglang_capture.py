@@ -2,7 +2,7 @@
 
 * the pure parts of ekka_core/capture/sglang_tracing.py on SGLang-shaped batches: ForwardBatch → rows, the row
   ledger's proof, routing SGLang's direct ``model.forward(...)`` through module hooks, graph-runner detection;
-* the driver (ekka_core/capture/sglang_runner.py) end to end against tests/fake_sglang.py — a stand-in following
+* the driver (ekka_core/capture/sglang_runner.py) end to end against tests/support/fake_sglang.py — a stand-in following
   SGLang 0.5.23's Engine / scheduler / ForwardBatch API, running a small SGLang-shaped model built from a zoo HF
   Llama: chunked prefill of two prompts of different lengths, mixed prefill+decode passes, decode passes — whose
   trace is checked step by step, round-tripped through the loader and compared row by row with HF's
@@ -35,14 +35,14 @@ from ekka_core.capture import hf_runner, sglang_runner, sglang_tracing
 from ekka_core.capture.rows import RowLedger
 from ekka_core.capture.sglang_tracing import BatchLayout, batch_layout
 from ekka_core.capture.trace import TensorRef, Trace
-from ekka_core.errors import BadInput, InternalFailure
+from ekka_core.contracts.errors import BadInput, InternalFailure
 from ekka_core.mapping import Endpoint
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.tree.static import StaticIndex
 import fake_sglang
 from fake_sglang import ForwardBatch, ForwardMode
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VERSION = os.environ.get("EKKA_SGLANG_VERSION", "0.5.23")
 # A short and a long prompt: with a 16-token prefill budget the long one is prefilled in chunks while the short
 # one already decodes (mixed passes).

@@ -96,7 +96,7 @@ def test_every_target_module_is_mapped_or_explained_exactly_once(mapping):
     names = [p.component for p in mapping.pairs] + [u.module for u in mapping.unmapped]
     assert sorted(names) == sorted(vllm_tree().modules)
     assert all(u.reason for u in mapping.unmapped)
-    assert mapping.validate(vllm_tree()) == []
+    assert mapping.validate(vllm_tree().modules) == []
 
 
 @pytest.mark.parametrize("layer", range(N_LAYERS))
@@ -168,7 +168,7 @@ def test_sglang_decoder_layers_are_compared_through_their_parts_not_their_output
     u = _unmapped(m, "model.layers.0")
     assert u is not None and "residual stream outside the decoder layer" in u.reason
     assert m.pair("model.layers.0") is None and m.pair("model.layers.0.mlp.down_proj") is not None
-    assert m.validate(target) == []
+    assert m.validate(target.modules) == []
 
 
 def test_root_is_unmapped_with_a_reason(mapping):
@@ -181,7 +181,7 @@ def test_module_without_counterpart_is_unmapped_and_validate_lists_it():
     m = map_components(target, hf_tree())
     u = _unmapped(m, "model.layers.0.mlp.fancy_scaler")
     assert u is not None and u.cls == "FancyScaler" and u.reason.startswith("no rule")
-    problems = m.validate(target)
+    problems = m.validate(target.modules)
     assert len(problems) == 1 and problems[0].startswith("model.layers.0.mlp.fancy_scaler")
 
 
@@ -190,12 +190,12 @@ def test_sampler_is_unmapped_for_a_stated_reason():
     m = map_components(target, hf_tree())
     u = _unmapped(m, "sampler")
     assert u is not None and u.reason and not u.reason.startswith("no rule")
-    assert m.validate(target) == []
+    assert m.validate(target.modules) == []
 
 
 def test_validate_reports_a_module_neither_mapped_nor_explained(mapping):
     mapping.pairs = [p for p in mapping.pairs if p.component != "model.norm"]
-    problems = mapping.validate(vllm_tree())
+    problems = mapping.validate(vllm_tree().modules)
     assert problems == ["model.norm: neither mapped nor explained"]
 
 

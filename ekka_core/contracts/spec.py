@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 
 TARGETS = ("vllm", "sglang")
 REFERENCES = ("hf",)

@@ -14,9 +14,9 @@ import pytest
 from ekka_core import bugs
 from ekka_core.align import Traces, prove_alignment
 from ekka_core.capture.trace import Trace
-from ekka_core.errors import BadInput
+from ekka_core.contracts.errors import BadInput
 from ekka_core.pipeline import diagnose
-from ekka_core.spec import DiagnosisSpec
+from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.zoo import SLIDING_WINDOW, tokenizer_without_bos
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The mapping agent (ekka_core.agent) against a local FAKE of the Anthropic Messages API (tests/fake_anthropic.py).
+"""The mapping agent (ekka_core.agent) against a local FAKE of the Anthropic Messages API (tests/support/fake_anthropic.py).
 
 Trees are built by hand: a toy model whose target MLP holds ``fancy_proj`` (class ``WeirdLinear``) where the
 reference holds ``dense_h_to_4h`` — a path no rule can connect. Traces are synthetic (written with TraceWriter) for
@@ -131,7 +131,7 @@ def test_agent_maps_component_then_knowledge_base_reuses_it_with_no_api_call(api
     pair = mapping.pair(FANCY)
     assert pair is not None and pair.relation == "1:1" and pair.reference.modules == [DENSE]
     assert pair.rule.startswith("agent")
-    assert mapping.validate(t_tree) == []
+    assert mapping.validate(t_tree.modules) == []
     assert {p.component for p in mapping.pairs} - {FANCY} == rule_pairs       # rule pairs untouched
     # usage, tokens, dollars
     assert out.usage.calls == 4 and out.usage.input_tokens == 4000 and out.usage.output_tokens == 200
@@ -177,7 +177,7 @@ def test_agent_maps_component_then_knowledge_base_reuses_it_with_no_api_call(api
     assert len(api.requests) == 4                                        # no new request
     assert out2.usage.calls == 0 and out2.usage.dollars == 0
     assert mapping2.pair(FANCY).reference.modules == [DENSE]
-    assert mapping2.validate(t_tree) == []
+    assert mapping2.validate(t_tree.modules) == []
 
 
 def test_nothing_to_do_when_rules_cover_everything(api, tmp_path, toy_src):
@@ -223,7 +223,7 @@ def test_validator_failure_is_fed_back_and_corrected_in_round_two(api, tmp_path,
     assert finish["is_error"] is True and "Validator, round 1 of 3" in finish["content"]
     assert "split_sizes [1024, 256] sum to 1280" in finish["content"]
     assert "model.layers.1.mlp.fancy_proj (WeirdLinear): neither mapped nor explained" in finish["content"]
-    assert mapping.validate(t_tree) == []
+    assert mapping.validate(t_tree.modules) == []
     assert mapping.pair("model.layers.1.mlp.fused_up").reference.split_sizes == [1024, 512]
     assert mapping.pair("model.layers.1.mlp.fancy_proj").reference.modules == ["model.layers.1.mlp.dense_h_to_4h"]
     entry = json.loads(Path(out.kb_written[0]).read_text())
@@ -244,7 +244,7 @@ def test_validator_rejects_unknown_modules_and_gives_up_after_max_rounds(api, tm
     assert "not in the hf tree (close: model.layers.0.mlp.dense_h_to_4h" in api.tool_results(1)[-1]["content"]
     reason = next(u.reason for u in mapping.unmapped if u.module == FANCY)
     assert reason.startswith("unchecked: the agent could not map it") and "dense_h_to_4x" in reason
-    assert mapping.pair(FANCY) is None and mapping.validate(t_tree) == []
+    assert mapping.pair(FANCY) is None and mapping.validate(t_tree.modules) == []
     assert out.kb_written == []
 
 
@@ -260,7 +260,7 @@ def test_explain_unmapped_is_accepted_and_recorded(api, tmp_path, toy_src):
     assert api.requests and len(api.requests) == 1
     reason = next(u.reason for u in mapping.unmapped if u.module == FANCY)
     assert reason == "agent: a speculative-decoding draft head the reference lacks"
-    assert mapping.validate(t_tree) == []
+    assert mapping.validate(t_tree.modules) == []
 
 
 def test_agent_cannot_touch_rule_made_pairs(api, tmp_path, toy_src):
@@ -293,7 +293,7 @@ def test_budget_exceeded_stops_and_leaves_component_unmapped_with_reason(api, tm
     assert reason == "unchecked: agent budget exceeded (dollars)"
     assert out.unchecked == [{"module": FANCY, "reason": reason}]
     assert out.to_json()["budget"]["exceeded"] == "dollars"
-    assert mapping.validate(t_tree) == [] and mapping.pair(FANCY) is None
+    assert mapping.validate(t_tree.modules) == [] and mapping.pair(FANCY) is None
 
 
 def test_budget_too_small_for_a_single_call_makes_no_request(api, tmp_path, toy_src):
@@ -399,7 +399,7 @@ def test_unreachable_api_is_reported_not_raised(tmp_path, toy_src):
     out = complete_mapping(mapping, t_tree, r_tree, config=cfg)
     assert out.status == "unreachable" and len(sleeps) == 2
     assert next(u.reason for u in mapping.unmapped if u.module == FANCY) == REASON_UNREACHABLE
-    assert mapping.validate(t_tree) == []
+    assert mapping.validate(t_tree.modules) == []
 
 
 def test_malformed_tool_input_returns_tool_error_to_the_model(api, tmp_path, toy_src):
@@ -448,7 +448,7 @@ def test_no_api_key_makes_no_request_and_records_the_reason(api, tmp_path, toy_s
     assert out.status == "no-api-key" and api.requests == []
     assert next(u.reason for u in mapping.unmapped if u.module == FANCY) == REASON_NO_KEY
     assert REASON_NO_KEY == "unchecked: no API key (set ANTHROPIC_API_KEY to let the agent map it)"
-    assert mapping.validate(t_tree) == []
+    assert mapping.validate(t_tree.modules) == []
     # the default configuration reads the environment
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
@@ -483,7 +483,7 @@ def test_shipped_knowledge_base_entry_is_used_offline_at_zero_cost(api, tmp_path
     assert out.status == "knowledge-base" and api.requests == []
     assert sorted(out.from_kb) == [f"model.layers.{i}.mlp.fancy_proj" for i in range(3)]
     assert mapping.pair("model.layers.2.mlp.fancy_proj").reference.modules == ["model.layers.2.mlp.dense_h_to_4h"]
-    assert mapping.validate(t_tree) == [] and out.usage.dollars == 0
+    assert mapping.validate(t_tree.modules) == [] and out.usage.dollars == 0
 
 
 def test_stale_knowledge_base_entry_is_not_used(api, tmp_path, toy_src):
