@@ -67,12 +67,7 @@ class Worker:
         fields = params.get("spec")
         if not isinstance(fields, dict):
             raise BadInput("the diagnose request has no spec", fix="pass a spec file, a repro script or spec fields")
-        try:
-            spec = DiagnosisSpec(**fields)
-        except TypeError as e:
-            known = ", ".join(sorted(DiagnosisSpec.__dataclass_fields__))
-            raise BadInput(f"spec fields: {e}", fix=f"give at least `model` and `prompts`; known fields: {known}") \
-                from None
+        spec = DiagnosisSpec.from_json(fields, where="the diagnose request's spec")
         executor = params.get("executor")
         if executor is None:
             spec.validate()       # bad input fails here, before the heavy imports below

@@ -13,7 +13,7 @@ from ekka_core.contracts.spec import DiagnosisSpec
 
 def main(argv: list[str]) -> int:
     role, spec_path, out = argv[0], Path(argv[1]), Path(argv[2])
-    spec = DiagnosisSpec(**json.loads(spec_path.read_text()))
+    spec = DiagnosisSpec.from_json(json.loads(spec_path.read_text()))
     try:
         if role == "target":
             if spec.target == "vllm":

@@ -1,4 +1,15 @@
-"""DiagnosisSpec: everything that defines one diagnosis. Built from CLI flags or a TOML spec file."""
+"""DiagnosisSpec: everything that defines one diagnosis. Built from CLI flags, a TOML spec file, a repro script or a
+served trace; crosses processes as JSON (:meth:`DiagnosisSpec.to_json` / :meth:`DiagnosisSpec.from_json`).
+
+Inputs, as users send them to the engine (:class:`RequestSpec`): prompt text, chat ``messages`` (each framework
+renders them with its own chat template: a difference is itself a finding), or ``prompt_token_ids``. A spec gives
+one kind at the top level (``prompts`` / ``messages`` / ``prompt_token_ids``, all sent together), or a scenario of
+``requests`` with an order (``after``: sent once that request has finished; requests with the same ``after`` are
+sent together) — what prefix-cache and batching bugs need.
+
+``engine_args`` is the **served configuration**: the engine arguments the user runs with, kept as given. Where a
+traced run has to differ from it (hooks cannot see into a compiled graph), the capture records each change and why.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +26,9 @@ from ekka_core.contracts.errors import BadInput
 TARGETS = ("vllm", "sglang")
 REFERENCES = ("hf",)
 DTYPES = ("bfloat16", "float16", "float32")
+# "auto": the checkpoint's own dtype (config.json `dtype` / `torch_dtype`), resolved before anything runs.
+SPEC_DTYPES = ("auto",) + DTYPES
+INPUT_KINDS = ("prompt", "messages", "prompt_token_ids")
 
 
 PositionRanges = list[tuple[int, int | None]]   # inclusive [start, end]; end None: to the end of the sequence
@@ -41,15 +55,128 @@ def in_positions(ranges: PositionRanges, pos: int) -> bool:
 
 
 @dataclass
+class RequestSpec:
+    """One request as the user sends it: exactly one of ``prompt``, ``messages``, ``prompt_token_ids``."""
+
+    id: str = ""
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None   # [{role, content}], rendered by each framework's chat template
+    prompt_token_ids: list[int] | None = None
+    max_new_tokens: int | None = None              # None: the spec's
+    after: str | None = None                       # sent once the request with this id has finished
+    # Further sampling parameters of this request (vLLM SamplingParams fields). The diagnosis decodes greedily
+    # unless `temperature` is given; the reference is teacher-forced on whatever the engine produced either way.
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in INPUT_KINDS if getattr(self, k) is not None)
+
+    def describe(self) -> str:
+        """A short human label: the prompt's start, the last message, or the number of ids."""
+        if self.prompt is not None:
+            text = self.prompt
+        elif self.messages is not None:
+            text = f"chat, {len(self.messages)} message(s): {self.messages[-1].get('content', '')}"
+        else:
+            text = f"{len(self.prompt_token_ids or [])} token ids"
+        return text if len(text) <= 60 else text[:57] + "…"
+
+    def check(self, where: str) -> None:
+        given = [k for k in INPUT_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise BadInput(f"{where} gives {' and '.join(given) if given else 'no input'}",
+                           fix="give exactly one of `prompt`, `messages` (chat) or `prompt_token_ids`")
+        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt.strip()):
+            raise BadInput(f"{where}: empty or non-text prompt {self.prompt!r}", fix="give a non-empty prompt string")
+        if self.messages is not None:
+            check_messages(self.messages, where)
+        if self.prompt_token_ids is not None:
+            ids = self.prompt_token_ids
+            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                               and t >= 0 for t in ids):
+                raise BadInput(f"{where}: prompt_token_ids must be a non-empty list of non-negative integers",
+                               fix="write e.g. prompt_token_ids = [1, 415, 2936]")
+        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool)
+                                                or not isinstance(self.max_new_tokens, int)
+                                                or not 1 <= self.max_new_tokens <= 4096):
+            raise BadInput(f"{where}: max_new_tokens {self.max_new_tokens!r} is not an integer in 1..4096",
+                           fix="use 1..4096")
+        if self.after is not None and not isinstance(self.after, str):
+            raise BadInput(f"{where}: `after` must be the id of another request", fix='write after = "first"')
+        if not isinstance(self.sampling, dict):
+            raise BadInput(f"{where}: `sampling` must be a table of SamplingParams fields",
+                           fix="write e.g. sampling = { repetition_penalty = 1.2 }")
+
+    @staticmethod
+    def from_json(d: Any, where: str) -> "RequestSpec":
+        if not isinstance(d, dict):
+            raise BadInput(f"{where} must be a table with prompt, messages or prompt_token_ids",
+                           fix='write [[requests]] id = "a" prompt = "…"')
+        known = set(RequestSpec.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise BadInput(f"{where} has unknown keys: {', '.join(sorted(unknown))}",
+                           fix=f"use only: {', '.join(sorted(known))}")
+        return RequestSpec(**d)
+
+
+def check_messages(messages: Any, where: str) -> None:
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise BadInput(f"{where}: messages must be a non-empty list of {{role, content}} tables with text content",
+                       fix='write [[messages]] role = "user" content = "…" (one table per message)')
+
+
+def parse_engine_arg(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` (``--engine-arg``) → (key, typed value). The value is read as JSON when it parses as JSON
+    (``8``, ``0.5``, ``true``, ``null``, ``["none"]``, ``{"mode": 3}``), else kept as text; a value that starts like
+    JSON (``{``, ``[``) but does not parse is bad input rather than a string the engine would choke on later."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key or not key.isidentifier():
+        raise BadInput(f"--engine-arg {text!r} is not KEY=VALUE",
+                       fix="write e.g. --engine-arg max_model_len=2048 or --engine-arg enable_prefix_caching=true")
+    raw = raw.strip()
+    try:
+        return key, json.loads(raw)
+    except ValueError as e:
+        if raw[:1] in "{[\"":
+            raise BadInput(f"--engine-arg {key}: value {raw!r} does not parse ({e})",
+                           fix="write a JSON value, e.g. compilation_config='{\"mode\": 3}'") from None
+        if raw.lower() in ("true", "false", "none"):
+            return key, {"true": True, "false": False, "none": None}[raw.lower()]
+        return key, raw
+
+
+def checkpoint_dtype(model: str) -> str | None:
+    """The dtype a local HF checkpoint declares (config.json ``dtype``, or the older ``torch_dtype``)."""
+    cfg = Path(model) / "config.json"
+    try:
+        config = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return None
+    text = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype")
+    return str(text).removeprefix("torch.") if text else None
+
+
+@dataclass
 class DiagnosisSpec:
     model: str
-    prompts: list[str]
+    prompts: list[str] = field(default_factory=list)
     target: str = "vllm"
     reference: str = "hf"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     max_new_tokens: int = 8
-    # Passed to the target engine's constructor (vLLM: LLM(**engine_args)), e.g. max_model_len.
+    # The served configuration: the engine's constructor arguments as the user runs it (vLLM: LLM(**engine_args)).
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # One chat request ([{role, content}, …]), rendered by each framework's own chat template.
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    # Token ids given directly, one list per request.
+    prompt_token_ids: list[list[int]] = field(default_factory=list)
+    # A scenario: several requests with an order (see RequestSpec); instead of the three fields above.
+    requests: list[RequestSpec] = field(default_factory=list)
     # Trace size control: a regex on module paths to record (empty: all), and the dtype tensors are stored in
     # (empty: as computed; "float16"/"bfloat16" halve an fp32 trace).
     trace_modules: str = ""
@@ -63,6 +190,62 @@ class DiagnosisSpec:
     # Analysis threshold on the error ratio (DESIGN.md: correct ≤ 1.5, buggy ≥ 3.1; stable 1.5–2.5).
     threshold: float = 2.0
 
+    # -- the requests ---------------------------------------------------------------------------------------
+    def request_list(self) -> list[RequestSpec]:
+        """Every request of the diagnosis, in order: the scenario's, or one per top-level input (sent together).
+        Sequence index i of every trace is request i of this list."""
+        if self.requests:
+            return [r if r.id else RequestSpec(**{**asdict(r), "id": str(i)}) for i, r in enumerate(self.requests)]
+        out = [RequestSpec(id=str(i), prompt=p) for i, p in enumerate(self.prompts)]
+        if self.messages:
+            out.append(RequestSpec(id=str(len(out)), messages=list(self.messages)))
+        out += [RequestSpec(id=str(len(out) + i), prompt_token_ids=list(ids))
+                for i, ids in enumerate(self.prompt_token_ids)]
+        return out
+
+    def waves(self) -> list[list[int]]:
+        """Requests grouped by when they are sent: wave k is sent once every request it waits for has finished
+        (a request ``after`` X is in the wave after X's); requests of one wave are sent together."""
+        reqs = self.request_list()
+        ids = {r.id: i for i, r in enumerate(reqs)}
+        wave: dict[int, int] = {}
+
+        def of(i: int, seen: tuple[int, ...] = ()) -> int:
+            if i in wave:
+                return wave[i]
+            r = reqs[i]
+            if r.after is None:
+                wave[i] = 0
+            else:
+                if r.after not in ids:
+                    raise BadInput(f"request {r.id!r} is sent after {r.after!r}, which no request is called",
+                                   fix=f"use one of the request ids: {', '.join(sorted(ids))}")
+                j = ids[r.after]
+                if j == i or j in seen:
+                    raise BadInput(f"requests {r.id!r} and {r.after!r} wait for each other", fix="remove the cycle")
+                wave[i] = of(j, seen + (i,)) + 1
+            return wave[i]
+
+        for i in range(len(reqs)):
+            of(i)
+        return [[i for i in range(len(reqs)) if wave[i] == k] for k in range(max(wave.values(), default=-1) + 1)]
+
+    def max_new_tokens_of(self, request: RequestSpec) -> int:
+        return request.max_new_tokens or self.max_new_tokens
+
+    def labels(self) -> list[str]:
+        """One short label per request (reports, the editor)."""
+        return [r.describe() for r in self.request_list()]
+
+    def declared_dtype(self) -> str:
+        """What ``auto`` stands for before anything runs: the checkpoint's declared dtype (float32, HF's default,
+        when it declares none). The engine resolves ``auto`` itself; the capture records the dtype it really ran in,
+        and the reference and the analysis follow that (see :mod:`ekka_core.capture`)."""
+        if self.dtype != "auto":
+            return self.dtype
+        return checkpoint_dtype(self.model) or ("float32" if Path(self.model).exists() else "bfloat16")
+
+    # -- validation -----------------------------------------------------------------------------------------
     def validate(self) -> "DiagnosisSpec":
         self._check_types()
         if not self.model:
@@ -77,17 +260,38 @@ class DiagnosisSpec:
             raise BadInput(f"unknown target {self.target!r}", fix=f"use --target {' or '.join(TARGETS)}")
         if self.reference not in REFERENCES:
             raise BadInput(f"unknown reference {self.reference!r}", fix="use --reference hf")
-        if self.dtype not in DTYPES:
-            raise BadInput(f"unsupported dtype {self.dtype!r}", fix=f"use one of {', '.join(DTYPES)}")
+        if self.dtype not in SPEC_DTYPES:
+            raise BadInput(f"unsupported dtype {self.dtype!r}", fix=f"use one of {', '.join(SPEC_DTYPES)}")
         if self.target_trace and not any((d / "index.json").exists() for d in
                                          (Path(self.target_trace), Path(self.target_trace) / "rank-0")):
             raise BadInput(f"target trace {self.target_trace} has no index.json",
                            fix="pass the EKKA_TRACE_DIR the engine wrote (with TP, the directory holding rank-*/)")
-        if not self.prompts or any(not p.strip() for p in self.prompts):
-            raise BadInput("empty prompt", fix="pass at least one non-empty --prompt TEXT")
+        self._check_inputs()
         if not (1 <= self.max_new_tokens <= 4096):
             raise BadInput(f"--max-new-tokens {self.max_new_tokens} is out of range", fix="use 1..4096")
         return self
+
+    def _check_inputs(self) -> None:
+        shorthand = [name for name in ("prompts", "messages", "prompt_token_ids") if getattr(self, name)]
+        if self.requests and shorthand:
+            raise BadInput(f"the spec gives both `requests` and `{shorthand[0]}`",
+                           fix="list every request under [[requests]], or drop `requests`")
+        if "prompts" in shorthand and "messages" in shorthand:
+            raise BadInput("the spec gives both `prompt(s)` and `messages`",
+                           fix="give prompt text or a chat conversation, not both (or use [[requests]] for a mix)")
+        if any(isinstance(p, str) and not p.strip() for p in self.prompts):
+            raise BadInput("empty prompt", fix="pass at least one non-empty --prompt TEXT")
+        reqs = self.request_list()
+        if not reqs:
+            raise BadInput("no prompt given (nor chat messages, token ids or requests)",
+                           fix="pass --prompt TEXT, or give prompts, messages, prompt_token_ids or [[requests]] in the spec")
+        seen: set[str] = set()
+        for i, r in enumerate(reqs):
+            r.check(f"request {r.id!r}" if self.requests else f"input {i}")
+            if r.id in seen:
+                raise BadInput(f"two requests are called {r.id!r}", fix="give every request its own id")
+            seen.add(r.id)
+        self.waves()
 
     def _check_types(self) -> None:
         """Spec files arrive untyped: wrong types are bad input (exit 2), never a crash later on."""
@@ -101,6 +305,14 @@ class DiagnosisSpec:
         if isinstance(self.prompts, str) or not isinstance(self.prompts, list) \
                 or not all(isinstance(p, str) for p in self.prompts):
             raise bad("prompts", 'a list of strings, e.g. prompts = ["first", "second"]')
+        if not isinstance(self.messages, list):
+            raise bad("messages", 'a list of {role, content} tables')
+        if self.messages:
+            check_messages(self.messages, "messages")
+        if not isinstance(self.prompt_token_ids, list) or not all(isinstance(x, list) for x in self.prompt_token_ids):
+            raise bad("prompt_token_ids", "a list of token-id lists, e.g. prompt_token_ids = [[1, 415, 2936]]")
+        if not isinstance(self.requests, list) or not all(isinstance(r, RequestSpec) for r in self.requests):
+            raise bad("requests", "a list of [[requests]] tables")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
             raise bad("max_new_tokens", "an integer")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or self.threshold <= 1:
@@ -118,9 +330,43 @@ class DiagnosisSpec:
             parse_positions(self.trace_positions)
         if not isinstance(self.engine_args, dict):
             raise bad("engine_args", "a table, e.g. [engine_args] max_model_len = 1024")
+        bad_keys = [k for k in self.engine_args if not isinstance(k, str) or not k.isidentifier()]
+        if bad_keys:
+            raise BadInput(f"engine_args has keys that are not argument names: {bad_keys}",
+                           fix="write engine arguments by their Python name, e.g. max_num_batched_tokens = 64")
 
+    # -- serialisation --------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any], *, where: str = "spec") -> "DiagnosisSpec":
+        """A spec from JSON or TOML data: ``prompt`` (one) joins ``prompts``; ``prompt_token_ids`` may be one id list;
+        ``requests`` become :class:`RequestSpec`. Unknown keys and wrong shapes are bad input naming the key."""
+        if not isinstance(data, dict):
+            raise BadInput(f"{where} is not a table of spec fields", fix="give at least `model` and `prompts`")
+        data = dict(data)
+        known = set(DiagnosisSpec.__dataclass_fields__)
+        unknown = set(data) - known - {"prompt"}
+        if unknown:
+            raise BadInput(f"{where} has unknown keys: {', '.join(sorted(unknown))}",
+                           fix=f"use only: {', '.join(sorted(known))}")
+        if "prompt" in data:
+            prompts = data.get("prompts", [])
+            data["prompts"] = (list(prompts) if isinstance(prompts, list) else [prompts]) + [data.pop("prompt")]
+        ids = data.get("prompt_token_ids")
+        if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
+            data["prompt_token_ids"] = [ids]          # one request's ids
+        reqs = data.get("requests")
+        if reqs is not None:
+            if not isinstance(reqs, list):
+                raise BadInput(f"{where}: `requests` must be a list of [[requests]] tables",
+                               fix='write [[requests]] id = "a" prompt = "…"')
+            data["requests"] = [RequestSpec.from_json(r, f"{where}: requests[{i}]") for i, r in enumerate(reqs)]
+        try:
+            return DiagnosisSpec(**data)
+        except TypeError as e:
+            raise BadInput(f"{where}: {e}", fix="give at least `model` and `prompts`") from None
 
     def trace_options(self) -> dict[str, str]:
         return {"include": self.trace_modules, "store_dtype": self.trace_store_dtype,
@@ -149,17 +395,8 @@ class DiagnosisSpec:
             raise BadInput(f"spec file {path} cannot be read ({e})", fix="check the path and permissions") from None
         except tomllib.TOMLDecodeError as e:
             raise BadInput(f"spec file {path} is not valid TOML ({e})", fix="fix the syntax at that line") from None
-        known = set(DiagnosisSpec.__dataclass_fields__)
-        unknown = set(data) - known - {"prompt"}
-        if unknown:
-            raise BadInput(f"spec file {path} has unknown keys: {', '.join(sorted(unknown))}",
-                           fix=f"use only: {', '.join(sorted(known))}")
-        if "prompt" in data:
-            data.setdefault("prompts", []).append(data.pop("prompt"))
         if isinstance(data.get("model"), str) and data["model"] and not Path(data["model"]).is_absolute() \
                 and (path.parent / data["model"]).exists():
             data["model"] = str((path.parent / data["model"]).resolve())
-        try:
-            return DiagnosisSpec(**data)
-        except TypeError as e:
-            raise BadInput(f"spec file {path}: {e}", fix="give at least `model` and `prompts`") from None
+        return DiagnosisSpec.from_json(data, where=f"spec file {path}")
+

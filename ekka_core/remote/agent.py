@@ -118,7 +118,7 @@ def run(job: dict[str, Any], events: _Events) -> int:
     events.log = open(state / "events.jsonl", "a")
     from ekka_core.contracts.spec import DiagnosisSpec
 
-    spec = DiagnosisSpec(**job["spec"]).validate()   # bad input fails here, before torch is imported
+    spec = DiagnosisSpec.from_json(job["spec"]).validate()   # bad input fails here, before torch is imported
     lock = _lock(state, events)
     env = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
     os.environ.update(env)           # the agent's own stages see them too; capture passes them to its workers

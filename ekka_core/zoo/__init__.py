@@ -22,7 +22,7 @@ from typing import Any
 from ekka_core.contracts.errors import BadInput
 
 # Bump when the build procedure itself changes (not needed for recipe edits: they are hashed).
-ZOO_VERSION = 3
+ZOO_VERSION = 4
 
 # Shared by every recipe: small enough to run on two CPU cores in seconds, large enough for vLLM's CPU kernels
 # (head_dim 64: the CPU attention backend rejects 16) and for sliding windows to be exceeded by a 64-token prompt.
@@ -44,6 +44,14 @@ _BASE: dict[str, Any] = {
     "eos_token_id": 2,
     "pad_token_id": 0,
 }
+
+# Real checkpoints declare the dtype they are served in; so do the zoo's (weights are stored in fp32).
+CHECKPOINT_DTYPE = "bfloat16"
+
+# A chat template of the usual shape: the template writes BOS itself, so a chat prompt must be tokenized without
+# adding special tokens again (vLLM #55197: LLM.chat doubled BOS exactly there).
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 SLIDING_WINDOW = 16
 # Gemma multiplies its (tied) embeddings by sqrt(hidden): with random weights a token's own embedding then dominates
@@ -114,7 +122,7 @@ def zoo_dir() -> Path:
 
 def recipe_hash(arch: str, overrides: dict[str, Any] | None = None) -> str:
     blob = json.dumps({"v": ZOO_VERSION, "config": recipe(arch), "overrides": overrides or {},
-                       "corpus": _CORPUS}, sort_keys=True)
+                       "corpus": _CORPUS, "dtype": CHECKPOINT_DTYPE, "chat": CHAT_TEMPLATE}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -152,6 +160,7 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
             with torch.no_grad():
                 model.get_input_embeddings().weight.mul_(embed_scale)
         model.save_pretrained(staging, safe_serialization=True)
+        _declare_dtype(staging, CHECKPOINT_DTYPE)
         _train_tokenizer(staging, config_dict)
         (staging / "ekka-zoo.json").write_text(json.dumps(
             {"arch": arch, "recipe_hash": key, "seed": seed, "zoo_version": ZOO_VERSION}, indent=2))
@@ -162,6 +171,15 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _declare_dtype(directory: Path, dtype: str) -> None:
+    """Declare the dtype real checkpoints are served in (what ``--dtype auto`` follows); the weights stay fp32, so
+    the fp32 reference reads them unrounded."""
+    cfg = directory / "config.json"
+    config = json.loads(cfg.read_text())
+    config["dtype"] = dtype
+    cfg.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _perturb_norm_weights(model: Any, seed: int) -> None:
@@ -193,6 +211,7 @@ def _train_tokenizer(out: Path, config: dict[str, Any]) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
                                    pad_token="<pad>", unk_token="<unk>")
     fast.model_max_length = config["max_position_embeddings"]
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
 
 

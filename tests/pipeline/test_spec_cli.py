@@ -38,7 +38,7 @@ def _bad(spec: DiagnosisSpec) -> BadInput:
 def test_valid_spec_passes(model_dir):
     spec = DiagnosisSpec(model=str(model_dir), prompts=["hello"])
     assert spec.validate() is spec
-    assert spec.target in TARGETS and spec.dtype in DTYPES
+    assert spec.target in TARGETS and spec.dtype == "auto" and spec.declared_dtype() in DTYPES
 
 
 def test_missing_model_path(tmp_path):

@@ -153,7 +153,7 @@ def test_chat_messages_recorded_and_reported(tmp_path: Path) -> None:
     assert "What is 2+2?" in text  # the conversation is in the spec file, as a comment
     spec = DiagnosisSpec.from_toml(_write(tmp_path, text))
     assert spec.prompts == []
-    with pytest.raises(BadInput, match="empty prompt"):
+    with pytest.raises(BadInput, match="no prompt given"):
         spec.validate()
 
 
