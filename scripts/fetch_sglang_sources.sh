@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch SGLang's model sources for static parsing (ekka_core/tree/static.py) WITHOUT installing sglang: download
+# Fetch SGLang's model sources for static parsing (ekka_core/tree/static/) WITHOUT installing sglang: download
 # the sglang wheel alone (pip download --no-deps, from PyPI) and extract only the requested files.
 #
 #   scripts/fetch_sglang_sources.sh [VERSION] [MEMBER_GLOB ...]

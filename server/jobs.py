@@ -1,8 +1,9 @@
-"""Diagnosis jobs: the record the editor sees, and the worker process that does the work.
+"""Diagnosis jobs: the record the editor sees, and the engine process that does the work.
 
 A job runs as an asyncio task in the language server's event loop (never on pygls's thread pool, which also
-reads stdin). Its heavy work happens in ``<interpreter> -m server.worker``, started in a new session so that
-cancelling kills the worker and every process it started (the engine's capture subprocesses) at once.
+reads stdin). Its heavy work happens in ``<interpreter> -m server.engine_process``, started in a new session so
+that cancelling kills it and every process it started (the engine's capture subprocesses) at once. A failure
+arrives as the error envelope and is raised here as the :class:`~ekka_core.contracts.errors.EkkaError` it was.
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import asyncio
 import collections
 import os
 import signal
-import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from server.protocol import decode, encode
+from ekka_core.contracts.errors import BadInput, InternalFailure
+from server.protocol import decode, encode, worker_failure
 
-# The directory holding the `server` package: put on the worker's PYTHONPATH so `-m server.worker` resolves
+# The directory holding the `server` package: put on the worker's PYTHONPATH so `-m server.engine_process` resolves
 # whatever the worker interpreter's working directory and installed packages are.
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 LINE_LIMIT = 512 << 20   # one response line carries the whole report (plots included)
@@ -54,14 +55,6 @@ class Job:
         return {"jobId": self.id, "state": self.state, "stage": self.stage, "percent": self.percent,
                 "message": self.message, "uri": self.uri, "out_dir": self.out_dir, "pid": self.pid,
                 "exit_code": self.exit_code, "error": self.error, "verdict": self.verdict}
-
-
-class WorkerFailed(Exception):
-    """The worker answered with an error, or died. ``exit_code`` follows the CLI: 2 bad input, 3 internal."""
-
-    def __init__(self, message: str, fix: str | None, exit_code: int):
-        super().__init__(message)
-        self.message, self.fix, self.exit_code = message, fix, exit_code
 
 
 def kill_session(pid: int) -> None:
@@ -100,7 +93,7 @@ def session_members(sid: int, *, include_zombies: bool = False) -> list[int]:
 
 
 class WorkerProcess:
-    """One worker process for one job: spawn, one ``diagnose`` request, progress callbacks, result."""
+    """One engine process for one job: spawn, one ``diagnose`` request, progress callbacks, result."""
 
     def __init__(self, interpreter: str, cwd: str | None, on_log: Callable[[str], None] = lambda line: None):
         self.interpreter = interpreter
@@ -116,13 +109,13 @@ class WorkerProcess:
         env["PYTHONUNBUFFERED"] = "1"
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                self.interpreter, "-m", "server.worker", stdin=asyncio.subprocess.PIPE,
+                self.interpreter, "-m", "server.engine_process", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=self.cwd, env=env,
                 start_new_session=True, limit=LINE_LIMIT)
         except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
-            raise WorkerFailed(f"cannot start the Ekka worker with interpreter {self.interpreter!r} ({e})",
-                               "set `ekka.interpreter` to a Python that has Ekka, torch and the engine installed",
-                               2) from None
+            raise BadInput(f"cannot start the Ekka worker with interpreter {self.interpreter!r} ({e})",
+                           fix="set `ekka.interpreter` to a Python that has Ekka, torch and the engine installed") \
+                from None
         self._pump = asyncio.create_task(self._read_stderr())
         return self.proc
 
@@ -135,8 +128,8 @@ class WorkerProcess:
 
     async def diagnose(self, params: dict[str, Any],
                        on_progress: Callable[[dict[str, Any]], Awaitable[None] | None]) -> dict[str, Any]:
-        """Send the request and read until its response. Raises WorkerFailed; EOF (the worker died or was
-        killed) is WorkerFailed with exit code 3."""
+        """Send the request and read until its response. Raises the EkkaError the engine process reported; EOF
+        (the process died or was killed) is an InternalFailure."""
         assert self.proc and self.proc.stdin and self.proc.stdout
         try:
             self.proc.stdin.write(encode({"id": 1, "method": "diagnose", "params": params}))
@@ -150,8 +143,8 @@ class WorkerProcess:
                 if self._pump:
                     await asyncio.wait([self._pump], timeout=2)
                 tail = "\n".join(list(self.stderr_tail)[-8:])
-                raise WorkerFailed(f"the Ekka worker stopped unexpectedly (exit code {code})"
-                                   + (f":\n{tail}" if tail else ""), "see the Ekka output for the worker's log", 3)
+                raise InternalFailure(f"the Ekka worker stopped unexpectedly (exit code {code})"
+                                      + (f":\n{tail}" if tail else ""), fix="see the Ekka output for the worker's log")
             try:
                 msg = decode(line)
             except ValueError:
@@ -163,10 +156,7 @@ class WorkerProcess:
                     await maybe
             elif msg.get("id") == 1:
                 if "error" in msg:
-                    err = msg["error"] or {}
-                    data = err.get("data") or {}
-                    raise WorkerFailed(data.get("message") or err.get("message") or "worker error",
-                                       data.get("fix"), int(data.get("exit_code") or 3))
+                    raise worker_failure(msg["error"])
                 return msg.get("result") or {}
 
     async def close(self, timeout: float = 5.0) -> None:
@@ -198,26 +188,3 @@ REMOTE_CANCEL_GRACE_S = 15
 def kill_if_alive(proc: Any) -> None:
     if proc.returncode is None:
         kill_session(proc.pid)
-
-
-def executor_params(settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``ekka.executor`` setting for the worker: None runs locally; ``ssh://host`` runs capture and analysis
-    on that host (ekka_core.remote) with ``ekka.remote.python`` / ``ekka.remote.workdir``."""
-    executor = settings.get("executor") or "local"
-    if not isinstance(executor, str) or executor == "local":
-        return None
-    remote = settings.get("remote") if isinstance(settings.get("remote"), dict) else {}
-    return {"url": executor, "python": remote.get("python"), "workdir": remote.get("workdir")}
-
-
-def default_interpreter(configured: str | None, root: str | None) -> str:
-    """``ekka.interpreter`` if set (``${workspaceFolder}`` substituted), else ``<root>/.venv/bin/python`` when it
-    exists, else the interpreter running this server."""
-    value = (configured or "").strip()
-    if value:
-        return value.replace("${workspaceFolder}", root or "")
-    if root:
-        venv = Path(root) / (".venv/Scripts/python.exe" if sys.platform == "win32" else ".venv/bin/python")
-        if venv.exists():
-            return str(venv)
-    return sys.executable

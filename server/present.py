@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 from lsprotocol import types
 
+from ekka_core.contracts.report import fmt_ratio
 from ekka_core.sources import short_path
 
 from server.protocol import (CLIENT_SHOW_DIVERGENCE, CODE_SUSPECT, CODE_SUSPECT_CALL, CODE_SUSPECT_FORWARD,
@@ -29,18 +30,6 @@ MAX_HOVER_ROWS = 48
 def path_key(path: str) -> str:
     """One key per file however it is spelled (symlinks, ``..``): the client's URI and the report's path meet here."""
     return os.path.normcase(os.path.realpath(path))
-
-
-def fmt_ratio(r: float | None) -> str:
-    if r is None or (isinstance(r, float) and not math.isfinite(r)):
-        return "n/a"
-    if r >= 1e6:
-        return f"{r:.2e}"
-    if r >= 1000:
-        return f"{r:,.0f}"
-    if r >= 10:
-        return f"{r:.1f}"
-    return f"{r:.3g}"
 
 
 def severity(rank: int) -> types.DiagnosticSeverity:

@@ -18,9 +18,16 @@ Commands (``workspace/executeCommand``):
 ``ekka.server.clear``     no argument. Clears the published diagnostics, code lenses and hovers. ``{cleared: n}``.
 ``ekka.server.status``    no argument. ``{pid, python, version, jobs: [job record], heavy_modules, settings}``.
 
-Settings: ``initializationOptions`` ``{settings: {interpreter}}`` (or ``{interpreter}``) and
-``workspace/didChangeConfiguration`` ``{ekka: {interpreter}}``. ``interpreter`` runs the worker; default
-``<workspace>/.venv/bin/python`` if it exists, else the server's own interpreter.
+Settings (:mod:`server.settings`): one typed object per workspace folder, ``initializationOptions``
+``{settings: [WorkspaceSettings…], globalSettings}`` and ``workspace/didChangeConfiguration``
+``{ekka: {settings: […], globalSettings}}``; a job uses the settings of the folder its file is in. Each holds
+``workspace`` (the folder's path), ``interpreter`` (``ekka.interpreter``: runs the engine process; precedence in
+:mod:`server.settings`), ``pythonInterpreter`` (the Python extension's, when installed), ``targetDefault``
+(``ekka.target.default``: the target of a spec that names none), ``executor`` (``local`` | ``ssh://host``),
+``remote: {python, workdir}`` and ``engineArgs`` (``ekka.engineArgs``, an object, default ``{}``: engine arguments
+merged into the spec's ``engine_args`` for diagnoses started from the editor; the spec's own keys win, values are
+typed JSON: ``{"max_num_batched_tokens": 64, "enable_prefix_caching": true}``). Ill-typed settings fail the job
+with exit code 2 naming them.
 
 Work-done progress: token ``ekka-<jobId>``; begin (title, cancellable, percentage 0), reports
 ``"<stage>: <message>"`` with growing percentages (capture 0–70, tree 70, mapping 75, align 80, analysis 85,
@@ -41,14 +48,16 @@ Notifications (server → client):
 
 Job record: ``{jobId, state, stage, percent, message, uri, out_dir, pid, exit_code, error, verdict}`` with
 ``state`` one of ``queued | running | done | failed | cancelled``, ``stage`` one of the pipeline's STAGES (or
-null), ``error`` null or ``{message, fix, exit_code}`` (exit_code 2 bad input, 3 internal failure).
+null), ``error`` null or the error envelope ``{message, fix, exit_code}`` (:meth:`EkkaError.to_json
+<ekka_core.contracts.errors.EkkaError.to_json>`; exit_code 2 bad input, 3 internal failure).
 
-Worker side (``python -m server.worker``: newline-delimited JSON-RPC 2.0 over stdin/stdout)
------------------------------------------------------------------------------------------
+Engine process (``python -m server.engine_process``: newline-delimited JSON-RPC 2.0 over stdin/stdout)
+------------------------------------------------------------------------------------------------------
 request ``diagnose {spec: {DiagnosisSpec fields}, out_dir, fresh, env?}``
   → notifications ``progress {id, stage, message, percent}``
   → response ``result {report, paths: {json, md, html}, modules: {module: {class, file, line, forward_file,
-    forward_line}}}`` or ``error {code, message, data: {message, fix, exit_code}}``.
+    forward_line}}}`` or ``error {code: -32000 - exit_code, message, data: <error envelope, with traceback for
+    an internal failure>}`` (:func:`worker_error` / :func:`worker_failure`).
 request ``ping`` → ``{pid, python, heavy_modules}``.  EOF on stdin ends the worker.
 """
 
@@ -57,6 +66,8 @@ from __future__ import annotations
 import json
 import sys
 from typing import Any
+
+from ekka_core.contracts.errors import EkkaError
 
 # ----------------------------------------------------------------------------------------------- LSP names
 
@@ -117,7 +128,13 @@ def decode(line: bytes | str) -> dict[str, Any]:
     return msg
 
 
-def worker_error(message: str, fix: str | None, exit_code: int) -> dict[str, Any]:
-    """The ``error`` member of a failed worker response."""
-    return {"code": -32000 - exit_code, "message": message,
-            "data": {"message": message, "fix": fix, "exit_code": exit_code}}
+def worker_error(err: EkkaError, *, traceback: str | None = None) -> dict[str, Any]:
+    """The ``error`` member of a failed engine-process response: the error envelope as its ``data``."""
+    return {"code": -32000 - err.exit_code, "message": err.message, "data": err.to_json(traceback=traceback)}
+
+
+def worker_failure(error: Any) -> EkkaError:
+    """The error a failed engine-process response carries, raised again in the server unchanged."""
+    error = error if isinstance(error, dict) else {}
+    data = error.get("data") if isinstance(error.get("data"), dict) else None
+    return EkkaError.from_json(data or {"message": error.get("message") or "engine process error", "exit_code": 3})

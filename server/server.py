@@ -1,7 +1,7 @@
 """The Ekka language server (pygls 2): diagnoses from the editor, results on the engine's source lines.
 
 The server stays light — pygls, lsprotocol and the engine's spec/repro readers; never torch, vLLM or
-transformers. A diagnosis runs as an asyncio task that drives a worker process (:mod:`server.worker`); see
+transformers. A diagnosis runs as an asyncio task that drives an engine process (:mod:`server.engine_process`); see
 :mod:`server.protocol` for command names and payloads.
 """
 
@@ -22,11 +22,14 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path, to_fs_path
 
 from ekka_core import __version__
-from server.jobs import (REMOTE_CANCEL_GRACE_S, Job, WorkerFailed, WorkerProcess, default_interpreter, executor_params,
-                         kill_if_alive, kill_session)
+from ekka_core.contracts.env import check_ekka_env
+from ekka_core.contracts.errors import EkkaError, InternalFailure
+from ekka_core.contracts.report import short_headline
+from server.jobs import REMOTE_CANCEL_GRACE_S, Job, WorkerProcess, kill_if_alive, kill_session
 from server.present import Result, code_lenses, diagnostics, hover, path_key
 from server.protocol import (CMD_CANCEL, CMD_CLEAR, CMD_DIAGNOSE, CMD_STATUS, FINAL_STATES, NOTIFY_JOB_STATE,
                              NOTIFY_REPORT_UPDATED, REQUEST_FAILED, heavy_modules)
+from server.settings import Settings, resolve_interpreter
 
 log = logging.getLogger("ekka.server")
 
@@ -37,7 +40,7 @@ MAX_KEPT_JOBS = 50          # finished job records kept for ekka.server.cancel /
 class EkkaServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__("ekka", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
-        self.settings: dict[str, Any] = {}
+        self.settings = Settings()                  # per workspace folder (server.settings)
         self.jobs: dict[str, Job] = {}
         self.active: dict[str, str] = {}              # workspace key → running job id
         self.results: dict[str, Result] = {}          # workspace key → latest finished diagnosis
@@ -56,16 +59,8 @@ class EkkaServer(LanguageServer):
     # ------------------------------------------------------------------------------------------ settings
 
     def update_settings(self, options: Any) -> None:
-        if not isinstance(options, dict):
-            return
-        # initializationOptions: {settings: {interpreter, ...}} (the extension) or {interpreter}; didChange-
-        # Configuration: {ekka: {interpreter, ...}}.
-        for key in ("settings", "ekka"):
-            if isinstance(options.get(key), dict):
-                options = options[key]
-                break
-        self.settings.update({k: v for k, v in options.items()
-                              if k in ("interpreter", "target", "executor", "remote")})
+        """initializationOptions or didChangeConfiguration: one typed settings object per workspace folder."""
+        self.settings.update(options)
 
     def root(self) -> str | None:
         folders = list(self.workspace.folders.values()) if self.workspace else []
@@ -174,13 +169,19 @@ class EkkaServer(LanguageServer):
         try:
             self.notify_state(job)
             await self._begin_progress(job, path)
+            settings = self.settings.for_path(path or job.workspace)
+            settings.check()
             spec, notes = await asyncio.to_thread(resolve_spec, req, path, job.workspace)
+            spec = settings.apply_to_spec(spec, target_given=spec_names_target(req, path))
+            if settings.engine_args:
+                self.log_message(f"Ekka: engine arguments from ekka.engineArgs (the spec's own win): "
+                                 f"{settings.engine_args}")
             for note in notes:
                 self.log_message(f"Ekka: {note}", types.MessageType.Warning)
             job.out_dir = resolve_out_dir(req, path, job.workspace)
             if job.cancel_requested:
                 raise asyncio.CancelledError
-            interpreter = default_interpreter(self.settings.get("interpreter"), self.root())
+            interpreter = resolve_interpreter(settings, settings.workspace or job.workspace)
             worker = WorkerProcess(interpreter, job.workspace if os.path.isdir(job.workspace) else None,
                                    on_log=lambda line: print(f"[ekka worker {job.id}] {line}", file=sys.stderr,
                                                              flush=True))
@@ -190,7 +191,7 @@ class EkkaServer(LanguageServer):
                 worker.kill()
                 raise asyncio.CancelledError
             self._progress(job, state="running", message=f"worker started ({interpreter})")
-            executor = executor_params(self.settings)
+            executor = settings.executor_params()
             job.remote = executor is not None
             params = {"spec": spec, "out_dir": job.out_dir, "fresh": bool(req.get("fresh")), "env": req.get("env"),
                       "executor": executor}
@@ -200,19 +201,15 @@ class EkkaServer(LanguageServer):
             self._finish_ok(job, result)
         except asyncio.CancelledError:
             job.state, job.message = "cancelled", "cancelled"
-        except WorkerFailed as e:
-            if job.cancel_requested:
+        except EkkaError as e:
+            if job.cancel_requested:       # the engine process was killed because the user cancelled
                 job.state, job.message = "cancelled", "cancelled"
             else:
-                self._fail(job, e.message, e.fix, e.exit_code)
+                self._fail(job, e)
         except Exception as e:  # noqa: BLE001 - a failing job never takes the server down
-            from ekka_core.contracts.errors import EkkaError
-            if isinstance(e, EkkaError):
-                self._fail(job, e.message, e.fix, e.exit_code)
-            else:
-                log.exception("job %s failed", job.id)
-                self._fail(job, f"internal error in the Ekka server: {type(e).__name__}: {e}",
-                           "see the Ekka output", 3)
+            log.exception("job %s failed", job.id)
+            self._fail(job, InternalFailure(f"internal error in the Ekka server: {type(e).__name__}: {e}",
+                                            fix="see the Ekka output"))
         finally:
             if worker is not None and worker.proc is not None and worker.proc.returncode is None:
                 worker.kill()
@@ -230,7 +227,7 @@ class EkkaServer(LanguageServer):
         report = result["report"]
         job.state, job.verdict, job.stage, job.percent = "done", report.get("verdict"), None, 100
         job.exit_code = 0 if job.verdict == "consistent" else 1
-        job.message = _headline(report)
+        job.message = short_headline(report)
         self.results[job.workspace] = Result(job.id, report, modules=result.get("modules") or {},
                                              paths=result.get("paths") or {}, out_dir=job.out_dir, uri=job.uri)
         self.publish_all()
@@ -238,13 +235,13 @@ class EkkaServer(LanguageServer):
         self.protocol.notify(NOTIFY_REPORT_UPDATED, {"jobId": job.id, "report": report, "paths": result.get("paths"),
                                                      "out_dir": job.out_dir, "uri": job.uri})
 
-    def _fail(self, job: Job, message: str, fix: str | None, exit_code: int) -> None:
-        job.state, job.exit_code = "failed", exit_code
-        job.error = {"message": message, "fix": fix, "exit_code": exit_code}
-        job.message = message
-        text = f"Ekka: {message}" + (f" — {fix}" if fix else "")
+    def _fail(self, job: Job, err: EkkaError) -> None:
+        job.state, job.exit_code = "failed", err.exit_code
+        job.error = err.to_json()              # the envelope, without the traceback (that goes to the log)
+        job.message = err.message
+        text = f"Ekka: {err}"
         self.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=text))
-        self.log_message(text, types.MessageType.Error)
+        self.log_message(text + (f"\n{err.traceback}" if err.traceback else ""), types.MessageType.Error)
 
     def cancel(self, job: Job) -> None:
         if job.state in FINAL_STATES:
@@ -302,15 +299,6 @@ class EkkaServer(LanguageServer):
             self.work_done_progress.tokens.pop(job.token, None)
 
 
-def _headline(report: dict[str, Any]) -> str:
-    from server.present import fmt_ratio
-    v = report.get("verdict")
-    if v == "divergent" and report.get("suspects"):
-        s = report["suspects"][0]
-        return f"divergent: #1 {s['target']['module']} ({s['target']['class']}), error ratio {fmt_ratio(s.get('error_ratio'))}×"
-    return str(v)
-
-
 # ------------------------------------------------------------------------------------------- arguments
 
 
@@ -342,11 +330,9 @@ def parse_diagnose_args(args: tuple[Any, ...]) -> dict[str, Any]:
         raise JsonRpcInvalidParams(f"{CMD_DIAGNOSE}: `out_dir` must be a path")
     if "fresh" in arg and not isinstance(arg["fresh"], bool):
         raise JsonRpcInvalidParams(f"{CMD_DIAGNOSE}: `fresh` must be true or false")
-    env = arg.get("env")
-    if env is not None and not (isinstance(env, dict) and all(
-            isinstance(k, str) and k.startswith("EKKA_") and isinstance(v, str) for k, v in env.items())):
-        raise JsonRpcInvalidParams(f"{CMD_DIAGNOSE}: `env` (tests and benchmarks only) must map EKKA_* names to "
-                                   "strings")
+    problem = check_ekka_env(arg.get("env"))
+    if problem:
+        raise JsonRpcInvalidParams(f"{CMD_DIAGNOSE}: `env` (tests and benchmarks only) {problem}")
     return arg
 
 
@@ -370,6 +356,20 @@ def resolve_spec(req: dict[str, Any], path: str | None, workspace: str) -> tuple
         notes += [f"{Path(path).name}: not imported, the default is used — {u}" for u in imported.unknown]
         return spec.to_json(), notes
     return DiagnosisSpec.from_toml(path).to_json(), []
+
+
+def spec_names_target(req: dict[str, Any], path: str | None) -> bool:
+    """Whether the request's spec names its target (else ``ekka.target.default`` applies). A repro script always
+    does: the engine it builds is the target."""
+    if path is None:
+        return "target" in req["spec"]
+    if path.endswith(".py"):
+        return True
+    import tomllib
+    try:
+        return "target" in tomllib.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return True        # resolve_spec has read it already; a file that changed since keeps its own default
 
 
 def resolve_out_dir(req: dict[str, Any], path: str | None, workspace: str) -> str:
@@ -479,4 +479,4 @@ def cmd_clear(ls: EkkaServer, *args: Any) -> dict[str, int]:
 def cmd_status(ls: EkkaServer, *args: Any) -> dict[str, Any]:
     return {"pid": os.getpid(), "python": sys.executable, "version": __version__,
             "jobs": [j.record() for j in ls.jobs.values()], "heavy_modules": heavy_modules(),
-            "settings": ls.settings}
+            "settings": ls.settings.to_json()}

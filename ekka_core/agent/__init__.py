@@ -1,7 +1,7 @@
 """Stage 3, second half — the component-mapping agent, for what the deterministic rules cannot place.
 
 Entry point: :func:`complete_mapping`. It is only called for components that :func:`ekka_core.mapping.map_components`
-left as ``Unmapped(reason="no rule: …")``; rule-made pairs are never touched. In order:
+left open (``Unmapped`` with status ``no-rule`` or ``rules-off``); rule-made pairs are never touched. In order:
 
 1. **Knowledge base** (:mod:`ekka_core.agent.kb`, $0, offline): validated results of earlier runs for the same
    (target framework + version, reference framework + version, model classes), plus the entries shipped in
@@ -15,8 +15,8 @@ left as ``Unmapped(reason="no rule: …")``; rule-made pairs are never touched. 
    its pair (``ComponentPair.aligner``) into the align stage, which runs it sandboxed. Every session that calls the
    API leaves a transcript in the report directory (:mod:`ekka_core.agent.transcript`).
 3. **Never a crash**: no API key, network down, 401, persistent 429/5xx, timeouts, budget spent, malformed tool
-   calls — each ends as an :class:`AgentOutcome` ``status`` and an ``unchecked: …`` reason on every component left
-   unmapped.
+   calls — each ends as an :class:`AgentOutcome` ``status`` and status ``unchecked`` (with an ``unchecked: …``
+   reason) on every component left unmapped.
 
     outcome = complete_mapping(mapping, t_tree, r_tree, traces=Traces(...), config=AgentConfig.from_env(),
                                transcript_dir=out_dir)

@@ -6,14 +6,14 @@ An :class:`Explanation` says why a component has no reference counterpart. The :
 against the trees (and the traces when given) and confirms what passes; a component counts as done only once
 confirmed. The checks:
 
-* the component is one the rules left with ``no rule`` (the agent never touches rule-made pairs);
+* the component is one the rules left open (``Unmapped.open``: the agent never touches rule-made pairs);
 * every named module exists in its tree; relation, port and select are well-formed and agree with the modules;
 * ``split_sizes``: one per reference module, each the reference module's width when known, summing to the
   target's width when known (from the traces' rows, else the tree's ``out_features``);
 * with traces: a ``scale`` gives the target the reference's magnitude (within :data:`SCALE_MAGNITUDE`);
 * with traces: the pair aligns as the align stage would align it (same rows, same shape) — unless an aligner
   proposed for the component passed the sandbox's self-checks;
-* an explanation is a real reason (not empty, not "no rule", not "unchecked");
+* an explanation is a real reason (a sentence, not a status word such as "no rule" or "unchecked");
 * completeness: every component asked about is confirmed or explained.
 """
 
@@ -28,6 +28,9 @@ from ekka_core.mapping import ComponentPair, Endpoint, Unmapped
 from ekka_core.tree import ModelTree
 
 RELATIONS = ("1:1", "1:N", "N:1", "shared")
+# Words that name a mapping status rather than give a reason: an explanation starting with one says nothing (the
+# status itself is Unmapped.status, never read from a reason's wording).
+STATUS_WORDS = ("no rule", "unchecked")
 PORTS = ("output", "input")
 SELECTS = ("first", "stream", "all")
 LAYER = "{i}"
@@ -241,9 +244,8 @@ class Validator:
         traces = self.traces
         if not all(hasattr(traces, a) for a in ("target", "reference", "reference_fp32")):
             return None
-        from ekka_core.align import _calls_by_module, align_pair
-        index = {id(tr): _calls_by_module(tr) for tr in (traces.target, traces.reference, traces.reference_fp32)}
-        return align_pair(pair, traces, index, -1)
+        from ekka_core.align import align_pair
+        return align_pair(pair, traces)
 
     def width(self, side: str, module: str, port: str, select: str) -> int | None:
         """Row width of an endpoint: from the traces when given (exact), else the tree's out_features (output,
@@ -272,9 +274,9 @@ class Validator:
         r = e.reason.strip()
         if len(r) < 8:
             return ["an explanation needs a real reason (a sentence saying why there is no reference counterpart)"]
-        if r.lower().startswith(("no rule", "unchecked")):
-            return ["an explanation may not start with 'no rule' or 'unchecked': say why the component has no "
-                    "reference counterpart"]
+        if r.lower().startswith(STATUS_WORDS):
+            return [f"an explanation may not start with {' or '.join(map(repr, STATUS_WORDS))}: say why the "
+                    "component has no reference counterpart"]
         return []
 
     # ---- one validator round

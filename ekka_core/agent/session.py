@@ -15,6 +15,7 @@ from ekka_core.agent.kb import KBKey, KnowledgeBase, major_minor
 from ekka_core.agent.proposals import Explanation, Proposal, Validator, Verdict, generalize, instantiate, match
 from ekka_core.agent.tools import TOOLS, Toolbox, check_args
 from ekka_core.agent.transcript import Transcript
+from ekka_core.contracts.mapping import AGENT_EXPLAINED, AGENT_MAPPED, UNCHECKED
 from ekka_core.mapping import Mapping, Unmapped
 from ekka_core.tree import ModelTree
 
@@ -118,16 +119,17 @@ def kb_key(target: ModelTree, reference: ModelTree, traces: Any, config: AgentCo
 def complete_mapping(mapping: Mapping, target_tree: ModelTree, reference_tree: ModelTree, *, traces: Any = None,
                      config: AgentConfig | None = None, client: Any = None,
                      transcript_dir: Path | None = None) -> AgentOutcome:
-    """Map what the rules left with ``no rule`` — from the knowledge base when it knows, else with the agent.
+    """Map what the rules left open (status ``no-rule`` / ``rules-off``) — from the knowledge base when it knows,
+    else with the agent.
 
-    Updates ``mapping`` in place (new pairs, with the validated aligner of a pair that needs one; the rest of those
-    components keep an ``Unmapped`` entry whose reason says why) and returns what happened. Never raises for API,
-    network, budget or model failures: those end as an outcome ``status`` and an ``unchecked: …`` reason on each
-    component left. Components the rules mapped or explained are never touched. ``transcript_dir`` (the report
+    Updates ``mapping`` (new pairs, with the validated aligner of a pair that needs one; each other open component
+    gets a new ``Unmapped`` entry whose status and reason say what became of it) and returns what happened. Never
+    raises for API, network, budget or model failures: those end as an outcome ``status`` and status
+    ``unchecked`` on each component left. Components the rules mapped or explained are never touched. ``transcript_dir`` (the report
     directory): where a session that calls the API writes its transcript (:mod:`ekka_core.agent.transcript`)."""
     config = config if config is not None else AgentConfig.from_env()
     out = AgentOutcome(model=config.model, budget=config.budget_json(), notes=list(config.notes))
-    open_ = {u.module: u for u in mapping.unmapped if u.reason.startswith("no rule")}
+    open_ = {u.module: u for u in mapping.unmapped if u.open}
     if not open_:
         out.message = "the rules mapped or explained every component"
         return out
@@ -420,7 +422,7 @@ class _Session:
         confirmed = {**self.kb_verdict.confirmed, **self.verdict.confirmed}
         explained = {**self.kb_verdict.explained, **self.verdict.explained}
         aligners = {**self.kb_aligners, **(self.toolbox.aligners if self.toolbox else {})}
-        by_module = {u.module: u for u in self.mapping.unmapped}
+        settled: dict[str, Unmapped] = {}            # open component -> what it became (replaces its entry)
         new_pairs = []
         part_of: dict[str, str] = {}
         for comp, (pair, prop) in confirmed.items():
@@ -440,26 +442,30 @@ class _Session:
                     out.notes.append(f"{comp}: its aligner was checked against {a.get('reference')}, not the "
                                      f"mapped {pair.reference.modules}; the built-in alignment is used")
         for comp, e in explained.items():
-            by_module[comp].reason = (f"agent: {e.reason}" if e.origin == "agent" else f"knowledge base: {e.reason}")
+            reason = f"agent: {e.reason}" if e.origin == "agent" else f"knowledge base: {e.reason}"
+            settled[comp] = self._settle(comp, reason, AGENT_EXPLAINED)
             (out.explained if e.origin == "agent" else out.from_kb).append(comp)
         for comp in self.open:
             if comp in confirmed or comp in explained:
                 continue
             if comp in part_of:
-                by_module[comp].reason = f"compared as part of {part_of[comp]} (N:1)"
+                settled[comp] = self._settle(comp, f"compared as part of {part_of[comp]} (N:1)", AGENT_MAPPED)
                 continue
             if stop is not None and stop.reason:
                 reason = stop.reason
             else:
                 why = self.verdict.rejected.get(comp, ["neither mapped nor explained"])[0]
                 reason = REASON_GAVE_UP.format(why=why)
-            by_module[comp].reason = reason
+            settled[comp] = self._settle(comp, reason, UNCHECKED)
             out.unchecked.append({"module": comp, "reason": reason})
         done = set(confirmed)
-        self.mapping.unmapped = [u for u in self.mapping.unmapped if u.module not in done]
+        self.mapping.unmapped = [settled.get(u.module, u) for u in self.mapping.unmapped if u.module not in done]
         self.mapping.pairs += new_pairs
         if stop is None and out.status not in OK_STATUSES:
             out.status = "error"
+
+    def _settle(self, comp: str, reason: str, status: str) -> Unmapped:
+        return Unmapped(comp, self.open[comp].cls, reason, status)
 
 
 def _usage_json(usage: Any) -> dict[str, Any]:

@@ -29,12 +29,7 @@ class SourceLookup:
         if self._index is None and not self._index_failed:
             try:
                 from ekka_core.tree.static import StaticIndex
-                index = StaticIndex()
-                index.on_error = "skip"
-                for node in self.tree.modules.values():
-                    if node.class_file and Path(node.class_file).is_file():
-                        index.add_file(node.class_file, node.qualname.rpartition(".")[0] or None, lazy=True)
-                self._index = index
+                self._index = StaticIndex.from_tree(self.tree, lazy=True)
             except Exception:                       # no libcst, or an older static module: use ast
                 self._index_failed = True
         return self._index

@@ -1,6 +1,6 @@
 """Tensor fingerprints for the agent: ``get_tensor_sum`` and ``infer_tensor_match``.
 
-Rows are gathered exactly as the align stage gathers them (``ekka_core.align._gather``): one row per (sequence,
+Rows are gathered exactly as the align stage gathers them (:func:`ekka_core.align.gather_rows`): one row per (sequence,
 position), the target's flat prefill/decode batches and the reference's ``[1, seq, …]`` passes put on the same
 keys. ``infer_tensor_match`` then compares the target's rows with candidate arrangements of the reference's rows —
 identity, a constant scale, the concatenation of several modules in every order, a contiguous feature slice of
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ekka_core.align import AlignmentError, _gather, _is_float
+from ekka_core.align import AlignmentError, gather_rows, is_float
 from ekka_core.capture.trace import TensorRef, Trace
 from ekka_core.mapping import Endpoint
 
@@ -56,7 +56,7 @@ def selects_for(trace: Trace, module: str, port: str) -> list[str]:
     if not calls:
         return []
     refs = [r for r in (calls[0].outputs if port == "output" else calls[0].inputs)
-            if isinstance(r, TensorRef) and _is_float(r)]
+            if isinstance(r, TensorRef) and is_float(r)]
     out = ["first"]
     if len(refs) >= 2 and refs[0].shape == refs[1].shape:
         out.append("stream")
@@ -69,9 +69,8 @@ def endpoint_rows(trace: Trace, module: str, port: str = "output", select: str =
                   ) -> tuple[list[Key], np.ndarray] | None:
     """``(keys, [rows, features] float64)`` for one module, as the align stage would gather it; None when there is
     no float tensor at that port."""
-    calls = {module: trace.calls_of(module)}
     try:
-        rows = _gather(trace, calls, Endpoint([module], port=port, select=select), "tokens")
+        rows = gather_rows(trace, Endpoint([module], port=port, select=select))
     except (AlignmentError, RuntimeError, ValueError) as e:
         raise ToolError(f"{module}: cannot put its {port} on (sequence, position) rows: {e}") from None
     if not rows:

@@ -21,6 +21,7 @@ from typing import Iterator
 import torch
 
 from ekka_core.capture.trace import ModuleCall, TensorRef, Trace, token_axis
+from ekka_core.contracts.alignment import AlignmentFailure
 from ekka_core.contracts.errors import BadInput, InternalFailure
 from ekka_core.mapping import ComponentPair, Endpoint, Mapping
 
@@ -58,22 +59,19 @@ class AlignedPairs:
     traces: Traces
     mapping: Mapping
     order: dict[str, int] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
+    failures: list[AlignmentFailure] = field(default_factory=list)
     # Tokens whose MoE routing is within numerical noise of a tie: (seq, pos) -> (target order from which they
     # are excluded, why). Either expert choice is a correct low-precision result, and a different choice changes
     # that token's activations entirely — comparing them would report noise as a bug.
     excluded: dict[Key, tuple[int, str]] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[AlignedPair]:
-        index = {}
-        for tr in (self.traces.target, self.traces.reference, self.traces.reference_fp32):
-            index[id(tr)] = _calls_by_module(tr)
         pairs = sorted(self.mapping.pairs, key=lambda p: self.order.get(p.component, 1 << 30))
         for pair in pairs:
             try:
-                ap = align_pair(pair, self.traces, index, self.order.get(pair.component, -1))
+                ap = align_pair(pair, self.traces, self.order.get(pair.component, -1))
             except AlignmentError as e:
-                self.failures.append(str(e))
+                self.failures.append(AlignmentFailure(pair.component, str(e)))
                 continue
             yield _drop_excluded(ap, self.excluded)
             for tr in (self.traces.target, self.traces.reference, self.traces.reference_fp32):
@@ -109,14 +107,13 @@ def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[
     their margin is below twice the movement: such a token's routing is a tie within noise."""
     out: dict[Key, tuple[int, str]] = {}
     y, x = traces.reference_fp32, traces.reference
-    x_calls = _calls_by_module(x)
     for call in y.calls:
         if call.module.rsplit(".", 1)[-1] != "gate":
             continue
         outs = [o for o in call.outputs if isinstance(o, TensorRef)]
-        ids = next((o for o in outs if not _is_float(o) and len(o.shape) >= 2), None)
-        logits = next((o for o in outs if _is_float(o) and len(o.shape) >= 2), None)
-        twin = next((c for c in x_calls.get(call.module, []) if c.step == call.step), None)
+        ids = next((o for o in outs if not is_float(o) and len(o.shape) >= 2), None)
+        logits = next((o for o in outs if is_float(o) and len(o.shape) >= 2), None)
+        twin = next((c for c in x.calls_of(call.module) if c.step == call.step), None)
         if ids is None or logits is None or twin is None:
             continue
         k = ids.shape[-1]
@@ -140,22 +137,23 @@ def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, list[ModuleCall]]],
-               order: int) -> AlignedPair:
+def align_pair(pair: ComponentPair, traces: Traces, order: int = -1) -> AlignedPair:
+    """One mapped pair aligned: X_T, X_R, Y_R on the same (sequence, position) rows. ``order`` is the pair's place
+    in the target's execution order (-1: unknown). Raises :class:`AlignmentError` when the pair cannot be aligned."""
     _check_declared_split(pair, traces.target)     # static: before any tensor is read
     if pair.aligner:
         # Agent- or user-written code: run in the sandbox, never here (ekka_core.align.custom).
         from ekka_core.align.custom import align_with_aligner
         keys, x_t, x_r, y_r = align_with_aligner(pair, traces)
         return AlignedPair(pair, order, keys, x_t, x_r, y_r)
-    t_rows = _rows(traces.target, index[id(traces.target)], pair.target, pair.rows)
+    t_rows = rows_of(traces.target, pair.target)
     keys = sorted(t_rows.index)
     if not keys:
         raise AlignmentError(f"{pair.component}: the target trace has no rows for it")
     sides = [t_rows]
     restricted = positions_restricted(traces)
     for tr in (traces.reference, traces.reference_fp32):
-        rows = _rows(tr, index[id(tr)], pair.reference, "tokens")
+        rows = rows_of(tr, pair.reference)
         missing = [k for k in keys if k not in rows.index]
         if missing and restricted:
             keys = [k for k in keys if k in rows.index]
@@ -171,7 +169,7 @@ def align_pair(pair: ComponentPair, traces: Traces, index: dict[int, dict[str, l
     inputs = None
     if pair.compare_inputs:
         try:
-            ins = [_rows(tr, index[id(tr)], Endpoint(ep.modules, port="input", select=pair.input_select), pair.rows)
+            ins = [rows_of(tr, Endpoint(ep.modules, port="input", select=pair.input_select))
                    for tr, ep in ((traces.target, pair.target), (traces.reference, pair.reference),
                                   (traces.reference_fp32, pair.reference))]
             i_t, i_r, i_y = (s.take(keys) for s in ins)
@@ -202,10 +200,6 @@ def _check_declared_split(pair: ComponentPair, target: Trace) -> None:
                              f"{list(layout['blocks'])}; the split order or sizes are wrong")
 
 
-def _calls_by_module(trace: Trace) -> dict[str, list[ModuleCall]]:
-    return trace.by_module()
-
-
 @dataclass
 class Rows:
     """One endpoint's rows: a [rows, features] matrix and which (sequence, position) each row is."""
@@ -217,19 +211,20 @@ class Rows:
         return self.matrix.index_select(0, torch.tensor([self.index[k] for k in keys], dtype=torch.long))
 
 
-def _rows(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: str) -> Rows:
+def rows_of(trace: Trace, ep: Endpoint) -> Rows:
     """Rows of one endpoint, keyed by (sequence, position); 1:N endpoints concatenated along features. Each call's
-    tensor becomes one block of rows; blocks are concatenated once (a later call for the same key wins)."""
+    tensor becomes one block of rows (one per token, or one per sequence for a call that holds only the sampled
+    rows); blocks are concatenated once (a later call for the same key wins)."""
     parts: list[Rows] = []
     for module in ep.modules:
         keys_all: list[Key] = []
         blocks: list[torch.Tensor] = []
-        for call in calls.get(module, []):
+        for call in trace.calls_of(module):
             step = trace.steps[call.step]
             if ep.select == "all" and call.rows == "tokens":
                 keys = list(zip(step.seq, step.pos))
                 outs = [trace.tensor(r).float() for r in (call.outputs if ep.port == "output" else call.inputs)
-                        if isinstance(r, TensorRef) and _is_float(r)]
+                        if isinstance(r, TensorRef) and is_float(r)]
                 flat = torch.cat([_token_rows(t, len(keys), call.module) for t in outs], dim=1)
             else:
                 tensor = _select(trace, call, ep)
@@ -264,9 +259,9 @@ def _rows(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: 
     return Rows({k: i for i, k in enumerate(common)}, torch.cat([p.take(common) for p in parts], dim=1))
 
 
-def _gather(trace: Trace, calls: dict[str, list[ModuleCall]], ep: Endpoint, rows: str) -> dict[Key, torch.Tensor]:
-    """:func:`_rows` as a dict (sequence, position) → row."""
-    r = _rows(trace, calls, ep, rows)
+def gather_rows(trace: Trace, ep: Endpoint) -> dict[Key, torch.Tensor]:
+    """:func:`rows_of` as a dict (sequence, position) → row: what the agent's tools and the proofs read."""
+    r = rows_of(trace, ep)
     return {k: r.matrix[i] for k, i in r.index.items()}
 
 
@@ -278,7 +273,7 @@ def _select(trace: Trace, call: ModuleCall, ep: Endpoint) -> torch.Tensor | None
             return None
         ref = refs[call.output_names.index(name)]
         return trace.tensor(ref).float() if isinstance(ref, TensorRef) else None
-    tensors = [r for r in refs if isinstance(r, TensorRef) and _is_float(r)]
+    tensors = [r for r in refs if isinstance(r, TensorRef) and is_float(r)]
     if not tensors:
         return None
     first = trace.tensor(tensors[0]).float()
@@ -290,7 +285,8 @@ def _select(trace: Trace, call: ModuleCall, ep: Endpoint) -> torch.Tensor | None
     return first
 
 
-def _is_float(ref: TensorRef) -> bool:
+def is_float(ref: TensorRef) -> bool:
+    """A floating-point tensor (activations); ids, masks and routing choices are not."""
     return ref.dtype in ("float32", "float16", "bfloat16", "float64")
 
 
@@ -333,7 +329,7 @@ def prove_alignment(traces: Traces) -> None:
 def _first_output(trace: Trace, module: str) -> Rows | None:
     if not trace.calls_of(module):
         return None
-    return _rows(trace, trace.by_module(), Endpoint([module]), "tokens")
+    return rows_of(trace, Endpoint([module]))
 
 
 def _prove_embeddings_equal(t: Trace, r: Trace) -> None:
@@ -365,10 +361,9 @@ def _prove_layer_chain(trace: Trace) -> None:
     """Within one framework, layer i's output is layer i+1's input: checks the stream reconstruction."""
     layers = sorted({c.module for c in trace.calls if c.module.rsplit(".", 1)[-1].isdigit()
                      and c.cls.endswith("DecoderLayer")}, key=lambda m: int(m.rsplit(".", 1)[-1]))
-    calls = _calls_by_module(trace)
     for a, b in zip(layers, layers[1:]):
-        out = _gather(trace, calls, Endpoint([a], select="stream"), "tokens")
-        inp = _gather(trace, calls, Endpoint([b], port="input", select="stream"), "tokens")
+        out = gather_rows(trace, Endpoint([a], select="stream"))
+        inp = gather_rows(trace, Endpoint([b], port="input", select="stream"))
         keys = sorted(set(out) & set(inp))
         if not keys:
             continue

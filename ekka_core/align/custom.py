@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ekka_core.align import AlignmentError, Key, Traces, _is_float, positions_restricted
+from ekka_core.align import AlignmentError, Key, Traces, is_float, positions_restricted
 from ekka_core.capture.trace import TensorRef, Trace, token_axis
 from ekka_core.mapping import ComponentPair
 
@@ -212,4 +212,4 @@ def _float_tensors(call: Any) -> list[tuple[str, TensorRef]]:
     """``(name, ref)`` of a call's float tensors: ``out<k>`` for outputs, ``in<k>`` for inputs (k: the position
     among all outputs / inputs, so the names stay stable when a non-tensor sits in between)."""
     return [(f"{kind}{k}", ref) for kind, refs in (("out", call.outputs), ("in", call.inputs))
-            for k, ref in enumerate(refs) if isinstance(ref, TensorRef) and _is_float(ref)]
+            for k, ref in enumerate(refs) if isinstance(ref, TensorRef) and is_float(ref)]

@@ -6,13 +6,14 @@
   ``job<n>.reference.safetensors``) plus ``job<n>.meta.json`` — never pickle, in either direction; the results come
   back as ``job<n>.out.safetensors``. :func:`run_aligner_jobs` runs one aligner on several inputs (the align stage:
   every sequence, against both reference runs) in *one* child, loading one job at a time;
-* the child is a standalone bootstrap (:data:`_CHILD_SOURCE`, written next to the inputs) that imports only
-  numpy and safetensors — not Ekka, not torch — so it starts in ~0.2 s and needs ~100 MB of address space;
+* the child is a standalone script, :mod:`ekka_core.align.sandbox_child`, run by its file path with the temp
+  dir as its working directory; it imports only numpy and safetensors — not Ekka, not torch — so it starts in
+  ~0.2 s and needs ~100 MB of address space;
 * ``preexec_fn`` sets rlimits before the interpreter starts: address space = ``memory_mb``, CPU time ≈
   ``timeout_s``, 64 open files, files written ≤ ``memory_mb``, no core dumps; the child gets its own session so
   the whole process group is killed on the wall-clock timeout;
 * the environment is replaced by :func:`sanitized_env` (no API keys or tokens), cwd is the temp dir;
-* before the aligner's code runs, the bootstrap replaces ``socket.socket``, ``socket.create_connection`` and the
+* before the aligner's code runs, the child replaces ``socket.socket``, ``socket.create_connection`` and the
   name-resolution functions (in ``socket`` and ``_socket``) and ``builtins.open`` with stubs that raise; a network
   attempt fails the run even when the aligner swallowed the exception.
 
@@ -57,6 +58,8 @@ ENV_KEEP = ("PATH", "PYTHONPATH", "LANG")
 # Set in the child: one BLAS thread keeps the address space small and the run deterministic.
 ENV_FIXED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LC_ALL": "C.UTF-8"}
 MAX_OPEN_FILES = 64
+# The child script, run by its path (``-I``: neither its directory nor the user's site-packages on sys.path).
+CHILD = Path(__file__).resolve().with_name("sandbox_child.py")
 LOG_TAIL = 20_000            # characters of the child's stdout+stderr kept in the result / error
 CORRELATION_MIN = 0.9        # row_sums / col_sums threshold
 
@@ -136,7 +139,6 @@ def run_aligner_jobs(src: str, jobs: list[AlignerJob], *, timeout_s: float = 10,
     with tempfile.TemporaryDirectory(prefix="ekka-aligner-") as tmp:
         d = Path(tmp)
         (d / "aligner.py").write_text(src)
-        (d / "runner.py").write_text(_CHILD_SOURCE)
         (d / "runner.json").write_text(json.dumps({"paths": _import_paths(), "jobs": len(prepared)}))
         for n, (target, reference, _, meta_json) in enumerate(prepared):
             (d / f"job{n}.meta.json").write_text(meta_json)
@@ -274,11 +276,11 @@ def _limits(timeout_s: float, memory_mb: int) -> Callable[[], None]:
 
 
 def _spawn(d: Path, timeout_s: float, memory_mb: int) -> tuple[int, float, str]:
-    """Run the bootstrap in ``d``; return (exit status, seconds, log tail). Raises AlignmentError on timeout."""
+    """Run the child in ``d``; return (exit status, seconds, log tail). Raises AlignmentError on timeout."""
     log_path = d / "log.txt"
     start = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-I", "-B", "runner.py"], cwd=d, env=sanitized_env(),
+        proc = subprocess.Popen([sys.executable, "-I", "-B", str(CHILD)], cwd=d, env=sanitized_env(),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True,
                                 preexec_fn=_limits(timeout_s, memory_mb), start_new_session=True)
         try:
@@ -350,147 +352,6 @@ def _crash_error(rc: int, timeout_s: float, memory_mb: int, log: str) -> Alignme
     if "MemoryError" in last:
         return AlignmentError(f"aligner exceeded its memory limit ({memory_mb} MB)" + last)
     return AlignmentError(f"aligner process failed with exit status {rc}" + last)
-
-
-# The child: a standalone script (no Ekka, no torch), run as `python -I -B runner.py` in the temp dir.
-_CHILD_SOURCE = r'''
-import builtins, json, linecache, os, sys, traceback
-
-_open = builtins.open
-with _open("runner.json") as f:
-    runner = json.load(f)
-for p in runner["paths"]:
-    if p not in sys.path:
-        sys.path.append(p)
-JOBS = int(runner.get("jobs", 1))
-JOB = None                     # the job being run, named in error.json
-
-
-def report(kind, exc=None, message=None):
-    info = {"kind": kind, "job": JOB}
-    if exc is not None:
-        traceback.print_exception(exc)
-        lines = [fr.lineno for fr in traceback.extract_tb(exc.__traceback__) if fr.filename == "<aligner>"]
-        info.update(type=type(exc).__name__, message=str(exc)[:2000], line=lines[-1] if lines else None)
-    if message is not None:
-        info["message"] = message
-    with _open("error.json", "w") as f:
-        json.dump(info, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)                # not SystemExit: nothing may catch it
-
-
-try:
-    import numpy as np
-    from safetensors.numpy import load_file, save_file
-    with _open("aligner.py") as f:
-        src = f.read()
-except MemoryError as e:
-    report("memory", e)
-except BaseException as e:
-    report("load", e)
-
-
-class NetworkDisabled(PermissionError):
-    pass
-
-
-class FileAccessDisabled(PermissionError):
-    pass
-
-
-attempts = []
-
-
-def deny_network(what):
-    attempts.append(what)
-    raise NetworkDisabled(f"network access is disabled in the aligner sandbox ({what})")
-
-
-class BlockedSocket:
-    def __new__(cls, *args, **kwargs):
-        deny_network("socket.socket")
-
-
-def blocked(name):
-    def stub(*args, **kwargs):
-        deny_network(f"socket.{name}")
-    return stub
-
-
-import socket, _socket
-for mod in (socket, _socket):
-    for name in ("socket", "SocketType"):
-        if hasattr(mod, name):
-            setattr(mod, name, BlockedSocket)
-    for name in ("create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo", "gethostbyname",
-                 "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):
-        if hasattr(mod, name):
-            setattr(mod, name, blocked(name))
-
-
-def deny_open(*args, **kwargs):
-    raise FileAccessDisabled("file access is disabled in the aligner sandbox")
-
-
-def call_align(fn, *args):
-    """Run aligner code with files blocked; any failure is reported (and ends the child)."""
-    builtins.open = deny_open
-    try:
-        out = fn(*args)
-    except MemoryError as e:
-        builtins.open = _open
-        report("memory", e)
-    except NetworkDisabled as e:
-        builtins.open = _open
-        report("network", e)
-    except BaseException as e:
-        builtins.open = _open
-        report("network" if attempts else "exception", e)
-    builtins.open = _open
-    if attempts:
-        report("network", message=f"network access is disabled in the aligner sandbox ({attempts[0]}; the aligner "
-                                  "caught the error)")
-    return out
-
-
-linecache.cache["<aligner>"] = (len(src), None, src.splitlines(True), "<aligner>")
-namespace = {"__name__": "aligner"}
-call_align(lambda: exec(compile(src, "<aligner>", "exec"), namespace))
-align = namespace.get("align")
-if not callable(align):
-    report("contract", message="the source defines no function `align`")
-
-# One job at a time: load its inputs (the loaders do not go through builtins.open), align, write, drop.
-for JOB in range(JOBS):
-    try:
-        target = load_file(f"job{JOB}.target.safetensors")
-        reference = load_file(f"job{JOB}.reference.safetensors")
-        with _open(f"job{JOB}.meta.json") as f:
-            meta = json.load(f)
-    except MemoryError as e:
-        report("memory", e)
-    except BaseException as e:
-        report("load", e)
-    out = call_align(align, target, reference, meta)
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        report("contract", message=f"align returned {type(out).__name__}, not a (target, reference) pair of arrays")
-    arrays = {}
-    for side, value in zip(("target", "reference"), out):
-        try:
-            a = np.asarray(value)
-        except BaseException as e:
-            report("contract", message=f"align's {side} result is not an array: {e}")
-        if a.dtype.kind not in "fiub":
-            report("contract", message=f"align's {side} result has dtype {a.dtype}, not a real number type")
-        arrays[side] = np.ascontiguousarray(a, dtype=np.float32)
-    try:
-        save_file(arrays, f"job{JOB}.out.safetensors")
-    except MemoryError as e:
-        report("memory", e)
-    del target, reference, meta, out, arrays
-'''
 
 
 def _main(argv: list[str]) -> int:

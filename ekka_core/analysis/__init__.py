@@ -1,81 +1,129 @@
-"""Stage 5 — analysis: error ratios, the first sustained divergence, local blame, ranked suspects.
+"""Stage 5 — analysis: error ratios, the first sustained divergence, where it was introduced, ranked suspects.
 
 Entry point: :func:`analyse`.
 
-Error ratio (Ekka paper): ``r = ‖X_T − Y_R‖ / max(‖X_R − Y_R‖, floor)``. X_T is the target in the low precision
+**Error ratio** (Ekka paper): ``r = ‖X_T − Y_R‖ / max(‖X_R − Y_R‖, floor)``. X_T is the target in the low precision
 under test, X_R the reference in that precision, Y_R the reference in fp32. r ≈ 1 when the target is as close to
 fp32 as the reference's own low-precision run; a bug lifts it far above (paper: correct ≤ 1.5, buggy 3.1–1093).
-The floor (a fraction of the dtype's unit roundoff, relative to ‖Y_R‖) keeps r finite where the low-precision
-reference happens to equal fp32.
+The floor (:func:`~ekka_core.contracts.ranking.noise_floor`) keeps r finite where the low-precision reference
+happens to equal fp32.
 
-First divergence: errors propagate and grow, so the *maximum* ratio is usually far downstream of the cause.
-We walk the pairs in the target's execution order and run change-point detection on log10(r) with ruptures'
-PELT (exact segmentation, linear time; ``l2`` cost = shifts in mean, which is what a bug does to log r) with a
-BIC-style penalty ``pen = 2·σ²·ln n`` (σ² the noise variance of log r estimated robustly from successive
-differences, floored so that flat clean series give no breakpoints) and ``min_size=1`` (a bug in the very last
-module, the logits, must still be a segment of its own). The first segment whose median ratio exceeds the
-threshold starts the divergence; it must be *sustained*: the median ratio from there to the end stays above the
-threshold (a one-off spike from alignment noise does not).
+**Observations in time order.** Every compared pair gives an observation when its module completes (its output)
+and, where its inputs are comparable, one when it starts (its input) — on one clock, the completion order of the
+target's calls (a module's input is observed after the last call that completed before it started). Errors
+propagate and grow, so the *maximum* is usually far downstream of the cause: change-point detection with ruptures'
+PELT on log10(r) along that clock finds the first *sustained* shift (``l2`` cost = shifts in mean; penalty
+``2·σ²·ln n`` with σ² the noise variance of log r from successive differences, floored so that a flat clean series
+gives no breakpoint; ``min_size=1`` so the very last module, the logits, can be a segment of its own). The shift
+must be sustained: the median ratio from there to the end stays above the threshold.
 
-Local blame: a pair whose input agrees (input ratio, or the preceding pair's ratio, ≤ threshold) while its output
-does not is where the error was introduced. Ranking (documented in :func:`_rank`): the change point's locally
-blamed pair first, then other locally blamed pairs in execution order, then the enclosing modules of the top
-suspect (the bug may be in the parent's own forward code between modules).
+**Where it was introduced.** At the first sustained red observation:
+
+* the *output* of a module whose input agrees (input ratio, or the observation just before it, ≤ threshold): that
+  module's own computation introduced the error (``kind="module"``);
+* the *input* of a module while the observation just before it — the output of the last module that completed —
+  agrees: no traced module ran in between, so the code of the innermost module whose forward runs both calls did
+  (``kind="glue"``): the suspect is that parent, with the source lines between the two call sites. This is also what
+  catches a parent bug hidden by a scale-invariant child (an RMSNorm's output agrees although its input was scaled).
+
+Other modules that introduce an error of their own later on (input agrees, output does not) follow as independent
+sources, then the modules enclosing the top suspect.
+
+**The reference's own rounding convention.** A checkpoint is trained with its reference's rounding (a constant or an
+intermediate rounded to bf16 on purpose). An engine that keeps it in fp32 is *closer* to fp32 than the reference, so
+r stays below 1. Where target and low-precision reference were fed the same tensor (input distance ≈ 0 in units of
+the reference's rounding), a correct engine lands within a few ulps of X_R; one that departs from X_R by as much as
+the reference's own rounding error (``same_dtype`` ≥ :data:`CONVENTION_DISTANCE`) *and* is clearly closer to fp32
+(r ≤ :data:`CONVENTION_CLOSER`) follows another rounding convention (``kind="convention"``). These findings rank
+below ratio-level divergences; the pipeline lets them decide the verdict only when nothing else explains an
+output-level difference (see :mod:`ekka_core.pipeline`).
+
+Every evidence sentence states what its numbers say: "agrees" only with a ratio at or below the threshold.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ekka_core.align import AlignedPair, AlignedPairs
-from ekka_core.contracts.ranking import NON_FINITE_RATIO, PairResult, Ranking, Suspect
+from ekka_core.contracts.ranking import NON_FINITE_RATIO, PairResult, Ranking, Suspect, noise_floor
 
-__all__ = ["NON_FINITE_RATIO", "PairResult", "Ranking", "Suspect", "analyse", "error_ratio"]
+__all__ = ["NON_FINITE_RATIO", "PairResult", "Ranking", "Suspect", "analyse", "error_ratio", "GlueLocator",
+           "CONVENTION_IDENTICAL", "CONVENTION_DISTANCE", "CONVENTION_CLOSER"]
 
-UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24}
-KERNEL_NOISE_FLOOR = 1e-5   # relative error two correct fp32 kernels can differ by (different summation order)
+# Reference-convention check (calibrated on clean runs of every zoo architecture; benchmarks/convention_noise.py):
+# inputs count as identical below this distance (in units of the reference's own rounding error) …
+CONVENTION_IDENTICAL = 0.05
+# … and an output departs from the reference's rounding when it is at least this far from X_R …
+CONVENTION_DISTANCE = 0.5
+# … while being clearly closer to fp32 than X_R is.
+CONVENTION_CLOSER = 0.6
+
+# (innermost module running both calls, its child containing the first, its child containing the second) → the
+# forward's file and the first and last source line between the two call sites; supplied by the pipeline (the
+# static source index of the tree stage).
+GlueLocator = Callable[[str, str, str], "tuple[str, int, int] | None"]
 
 
-def error_ratio(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str, dim: int | None = None):
-    floor_rel = max(0.25 * UNIT_ROUNDOFF.get(dtype, 2.0 ** -8), KERNEL_NOISE_FLOOR)
+def error_ratio(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str, dim: int | None = None
+                ) -> torch.Tensor:
+    """The error ratio, overall (``dim`` None) or along ``dim``."""
     if dim is None:
         num, den, ref = (x_t - y_r).norm(), (x_r - y_r).norm(), y_r.norm()
     else:
         num, den, ref = (x_t - y_r).norm(dim=dim), (x_r - y_r).norm(dim=dim), y_r.norm(dim=dim)
-    floor = (floor_rel * ref).clamp_min(1e-30)
-    return num / torch.maximum(den, floor)
+    return num / torch.maximum(den, (noise_floor(dtype) * ref).clamp_min(1e-30))
+
+
+@dataclass
+class _Obs:
+    """One observation on the completion clock: a pair's output (at its completion) or input (at its start)."""
+
+    pair: int
+    port: str            # "output" | "input"
+    time: float
+    ratio: float
 
 
 def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_classes: dict[str, dict[str, Any]],
-            prompt_lens: list[int], unchecked: list[dict[str, str]] | None = None) -> Ranking:
-    """``target_classes``: module path → {cls, file, line, forward_file, forward_line} from the Model Tree."""
+            prompt_lens: list[int], unchecked: list[dict[str, str]] | None = None,
+            entered: dict[str, int | None] | None = None, locate: GlueLocator | None = None) -> Ranking:
+    """``target_classes``: module path → {cls, file, line, forward_file, forward_line} for every module of the
+    target (traced or not: a parent whose hooks never fire can still own the code between two children);
+    ``entered``: module path → ``entered_after`` of its first call; ``locate``: see :data:`GlueLocator`."""
     results: list[PairResult] = []
     for ap in aligned:
-        results.append(_pair_result(ap, dtype, target_classes))
+        pr = _pair_result(ap, dtype, target_classes)
+        pr.entered_after = (entered or {}).get(pr.component)
+        results.append(pr)
     ranking = Ranking(verdict="consistent", threshold=threshold, dtype=dtype, pairs=results,
                       unchecked=list(unchecked or []), prompt_lens=prompt_lens)
-    ranking.unchecked += [{"module": f, "reason": "alignment failed"} for f in aligned.failures]
+    ranking.unchecked += [f.unchecked() for f in aligned.failures]
     ranking.notes.append("post-logits sampling (temperature, top-p, penalties) is outside per-module comparison")
     if not results:
         ranking.notes.append("no mapped pair could be compared")
         return ranking
+    ranking.conventions = _conventions(results, threshold, target_classes, prompt_lens, dtype, locate)
 
-    ratios = np.array([max(_finite(p.error_ratio), 1e-6) for p in results])
-    start = _first_sustained_shift(np.log10(ratios), math.log10(threshold))
+    observations = _observations(results)
+    log_r = np.log10(np.array([max(_finite(o.ratio), 1e-6) for o in observations]))
+    start = _first_sustained_shift(log_r, math.log10(threshold))
     if start is None:
-        above = [p.component for p in results if p.error_ratio > threshold]
+        above = sorted({results[o.pair].component for o in observations if o.ratio > threshold})
         if above:
             ranking.notes.append(f"isolated ratios above {threshold} that do not persist downstream "
                                  f"(treated as noise): {', '.join(above[:5])}")
         return ranking
     ranking.verdict = "divergent"
-    ranking.change_point = start
-    ranking.suspects = _rank(results, start, threshold, target_classes, prompt_lens)
+    ranking.suspects = _rank(results, observations, start, threshold, target_classes, prompt_lens, locate)
+    first = observations[start]
+    ranking.change_point = first.pair
     return ranking
 
 
@@ -84,28 +132,40 @@ def _finite(r: float) -> float:
 
 
 def _ratios(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str
-            ) -> tuple[float, list[float], float]:
-    """Overall ratio, per-row ratios and ‖X_T − Y_R‖/‖Y_R‖ from one pass over the differences (a Frobenius norm is
-    the 2-norm of the row norms); the same floor as :func:`error_ratio`."""
-    floor_rel = max(0.25 * UNIT_ROUNDOFF.get(dtype, 2.0 ** -8), KERNEL_NOISE_FLOOR)
-    num, den, ref = (x_t - y_r).norm(dim=1), (x_r - y_r).norm(dim=1), y_r.norm(dim=1)
-    rows = num / torch.maximum(den, (floor_rel * ref).clamp_min(1e-30))
-    n, d, f = num.norm(), den.norm(), ref.norm()
-    overall = float(n / torch.maximum(d, (floor_rel * f).clamp_min(1e-30)))
-    return overall, rows.tolist(), float(n / f.clamp_min(1e-30))
+            ) -> tuple[float, list[float], float, float]:
+    """Overall ratio, per-row ratios, ‖X_T − Y_R‖/‖Y_R‖ and the same-dtype distance ‖X_T − X_R‖ / ‖X_R − Y_R‖, from
+    one pass over the differences (a Frobenius norm is the 2-norm of the row norms)."""
+    rows = error_ratio(x_t, x_r, y_r, dtype, dim=1)
+    overall = float(error_ratio(x_t, x_r, y_r, dtype))
+    den = torch.maximum((x_r - y_r).norm(), (noise_floor(dtype) * y_r.norm()).clamp_min(1e-30))
+    same = float((x_t - x_r).norm() / den)
+    return overall, rows.tolist(), float((x_t - y_r).norm() / y_r.norm().clamp_min(1e-30)), same
 
 
 def _pair_result(ap: AlignedPair, dtype: str, classes: dict[str, dict[str, Any]]) -> PairResult:
-    overall, rows, rel = _ratios(ap.target, ap.reference, ap.reference_fp32, dtype)
-    r = _finite(overall)
-    rin = None
+    overall, rows, rel, same = _ratios(ap.target, ap.reference, ap.reference_fp32, dtype)
+    rin = rin_same = None
     if ap.inputs is not None:
-        rin = _finite(_ratios(*ap.inputs, dtype)[0])
+        rin_overall, _, _, rin_same = _ratios(*ap.inputs, dtype)
+        rin = _finite(rin_overall)
     per_tok = [_finite(v) for v in rows]
     return PairResult(component=ap.pair.component, cls=classes.get(ap.pair.component, {}).get("cls", "?"),
                       order=ap.order, reference_modules=list(ap.pair.reference.modules), rule=ap.pair.rule,
-                      error_ratio=r, input_ratio=rin, rel_error=rel,
-                      token_ratios=[(s, p, float(v)) for (s, p), v in zip(ap.keys, per_tok)])
+                      error_ratio=_finite(overall), input_ratio=rin, rel_error=rel,
+                      token_ratios=[(s, p, float(v)) for (s, p), v in zip(ap.keys, per_tok)],
+                      same_dtype=_finite(same), input_same_dtype=None if rin_same is None else _finite(rin_same))
+
+
+def _observations(results: list[PairResult]) -> list[_Obs]:
+    """Outputs at their completion, inputs when their module started (just after the call completed before it;
+    an outer module's input before an inner one's at the same moment), sorted on that one clock."""
+    obs = []
+    for i, p in enumerate(results):
+        obs.append(_Obs(i, "output", float(p.order), p.error_ratio))
+        if p.input_ratio is not None and p.entered_after is not None:
+            obs.append(_Obs(i, "input", p.entered_after + 0.5 + 1e-3 * p.component.count("."), p.input_ratio))
+    obs.sort(key=lambda o: (o.time, o.port != "input"))
+    return obs
 
 
 def _first_sustained_shift(log_r: np.ndarray, log_thr: float) -> int | None:
@@ -133,16 +193,190 @@ def _first_sustained_shift(log_r: np.ndarray, log_thr: float) -> int | None:
     return None
 
 
-def _blamed(results: list[PairResult], i: int, threshold: float) -> bool:
-    p = results[i]
-    if p.error_ratio <= threshold:
-        return False
+# ---------------------------------------------------------------------------------------------------------------
+def _introduced_here(results: list[PairResult], obs: list[_Obs], k: int, threshold: float) -> str | None:
+    """Why observation ``k`` (red) is where the error was introduced, or None when something before it was red
+    already: "module" (its module's input agrees), "glue" (a module's input departs while the output observed just
+    before agrees)."""
+    o = obs[k]
+    if o.ratio <= threshold:
+        return None
+    p = results[o.pair]
+    prev = _previous(results, obs, k)
+    if o.port == "input":
+        return "glue" if prev is None or prev.ratio <= threshold else None
     if p.input_ratio is not None:
-        return p.input_ratio <= threshold
-    # No comparable input: the preceding pair in execution order stands in for it. Parents complete after
-    # their children, so a parent never looks locally to blame for its children's error.
-    prev = next((q for q in reversed(results[:i]) if not q.component.startswith(p.component + ".")), None)
-    return prev is None or prev.error_ratio <= threshold
+        return "module" if p.input_ratio <= threshold else None
+    return "module" if prev is None or prev.ratio <= threshold else None
+
+
+def _previous(results: list[PairResult], obs: list[_Obs], k: int) -> _Obs | None:
+    """The observation just before ``k`` that is not part of ``k``'s own module (a parent completes after its
+    children, so a parent's output never stands in for its own input)."""
+    name = results[obs[k].pair].component
+    for j in range(k - 1, -1, -1):
+        q = obs[j]
+        other = results[q.pair].component
+        if q.pair == obs[k].pair:
+            continue
+        if obs[k].port == "output" and other.startswith(name + "."):
+            continue
+        return q
+    return None
+
+
+def _rank(results: list[PairResult], obs: list[_Obs], start: int, threshold: float,
+          classes: dict[str, dict[str, Any]], prompt_lens: list[int], locate: GlueLocator | None) -> list[Suspect]:
+    """Rank 1: the first observation at or after the change point where the error is introduced (a module, or the
+    glue code between two modules). Then: later modules that introduce an error of their own (independent second
+    sources), in execution order. Then the modules enclosing rank 1, nearest first."""
+    causes: list[tuple[int, str]] = []
+    for k in range(start, len(obs)):
+        why = _introduced_here(results, obs, k, threshold)
+        if why is None:
+            continue
+        name = results[obs[k].pair].component
+        # A module enclosing an already chosen suspect inherits its error; it is not a second source.
+        if any(results[obs[j].pair].component.startswith(name + ".") for j, _ in causes):
+            continue
+        if why == "glue" and causes:
+            continue                      # only the first glue finding is located; later ones are downstream
+        causes.append((k, why))
+        if len(causes) >= 3:
+            break
+    suspects: list[Suspect] = []
+    if not causes:   # nothing introduces it on its own: name the change point, saying what its numbers say
+        suspects.append(_module_suspect(results, obs, start, 1, threshold, classes, prompt_lens, "change point"))
+    for k, why in causes:
+        label = "change point" if not suspects else "introduces an error of its own"
+        if why == "glue":
+            glue = _glue_suspect(results, obs, k, len(suspects) + 1, threshold, classes, prompt_lens, locate)
+            if glue is not None:
+                suspects.append(glue)
+                continue
+        suspects.append(_module_suspect(results, obs, k, len(suspects) + 1, threshold, classes, prompt_lens, label))
+    top = suspects[0]
+    if top.kind == "module":
+        _add_enclosing(suspects, results, classes, prompt_lens, threshold)
+    return suspects
+
+
+def _add_enclosing(suspects: list[Suspect], results: list[PairResult], classes: dict[str, dict[str, Any]],
+                   prompt_lens: list[int], threshold: float) -> None:
+    """The nearest module enclosing rank 1 (not a ModuleList entry): the bug may sit in its forward around it."""
+    top = suspects[0].module
+    by_name = {p.component: p for p in results}
+    parts = top.split(".")
+    named = {s.module for s in suspects}
+    for k in range(len(parts) - 1, 0, -1):
+        parent = ".".join(parts[:k])
+        if parent in named:
+            return
+        if re.fullmatch(r".*\.\d+", parent) is None and parent in classes and len(suspects) < 5:
+            pr = by_name.get(parent)
+            c = classes[parent]
+            if pr is not None:
+                onset, phase = _onset(pr, threshold, prompt_lens)
+                ratio_words = (f"its output error ratio is {pr.error_ratio:.1f}" if pr.error_ratio > threshold
+                               else f"its output agrees with the reference (ratio {pr.error_ratio:.2f})")
+                s = Suspect(len(suspects) + 1, parent, pr.cls, c.get("file"), c.get("line"), c.get("forward_file"),
+                            c.get("forward_line"), pr.reference_modules, pr.error_ratio, pr.input_ratio, onset, phase,
+                            f"encloses {top}; its own forward code runs around it; {ratio_words}")
+            else:
+                s = Suspect(len(suspects) + 1, parent, c["cls"], c.get("file"), c.get("line"), c.get("forward_file"),
+                            c.get("forward_line"), [], float("nan"), None, None, None,
+                            f"encloses {top}; its own forward code runs around it (not compared itself)")
+            suspects.append(s)
+            return
+
+
+def _module_suspect(results: list[PairResult], obs: list[_Obs], k: int, rank: int, threshold: float,
+                    classes: dict[str, dict[str, Any]], prompt_lens: list[int], why: str) -> Suspect:
+    p = results[obs[k].pair]
+    c = classes.get(p.component, {})
+    onset, phase = _onset(p, threshold, prompt_lens)
+    prev = _previous(results, obs, k)
+    if p.input_ratio is not None:
+        inp = (f"its input agrees with the reference (input ratio {p.input_ratio:.2f})" if p.input_ratio <= threshold
+               else f"its input already departs from the reference (input ratio {p.input_ratio:.2f}): the error "
+                    f"arose before it, where no compared module shows it")
+    elif prev is not None:
+        before = f"{results[prev.pair].component} ({prev.port})"
+        inp = (f"the observation before it, {before}, agrees with the reference (ratio {prev.ratio:.2f})"
+               if prev.ratio <= threshold else
+               f"the observation before it, {before}, already departs (ratio {prev.ratio:.2f})")
+    else:
+        inp = "nothing is compared before it"
+    where = f" from token {onset} ({phase})" if onset is not None else ""
+    ratio = p.error_ratio if obs[k].port == "output" else (p.input_ratio or p.error_ratio)
+    evidence = (f"{why}: output error ratio {ratio:.1f} (threshold {threshold}) while {inp}; diverges{where}; "
+                f"compared with {', '.join(p.reference_modules) or '—'} via rule '{p.rule}'")
+    return Suspect(rank, p.component, p.cls, c.get("file"), c.get("line"), c.get("forward_file"),
+                   c.get("forward_line"), p.reference_modules, p.error_ratio, p.input_ratio, onset, phase, evidence,
+                   same_dtype=p.same_dtype)
+
+
+def _ancestor(a: str, b: str) -> str:
+    """The innermost module path enclosing both ``a`` and ``b`` (``""``: the root)."""
+    pa, pb = a.split(".") if a else [], b.split(".") if b else []
+    common = []
+    for x, y in zip(pa, pb):
+        if x != y:
+            break
+        common.append(x)
+    return ".".join(common)
+
+
+def _real_module(path: str, classes: dict[str, dict[str, Any]]) -> str:
+    """``path`` or its nearest enclosing module that has a forward of its own (a ModuleList entry has none)."""
+    while path and (re.fullmatch(r"(.*\.)?\d+", path) or path not in classes):
+        path = path.rsplit(".", 1)[0] if "." in path else ""
+    return path
+
+
+def _glue_suspect(results: list[PairResult], obs: list[_Obs], k: int, rank: int, threshold: float,
+                  classes: dict[str, dict[str, Any]], prompt_lens: list[int], locate: GlueLocator | None
+                  ) -> Suspect | None:
+    o = obs[k]
+    p = results[o.pair]
+    prev = _previous(results, obs, k)
+    before = results[prev.pair].component if prev is not None else ""
+    # What was executing when the first call completed and the second started: the parents of each.
+    after_prev = before if prev is not None and prev.port == "input" else before.rsplit(".", 1)[0] if "." in before \
+        else ""
+    at_next = p.component.rsplit(".", 1)[0] if "." in p.component else ""
+    owner = _real_module(_ancestor(after_prev, at_next) if prev is not None else at_next, classes)
+    c = classes.get(owner, {})
+    if not c:
+        return None
+    child_from = _child_of(owner, before) if prev is not None else ""
+    child_to = _child_of(owner, p.component)
+    located = locate(owner, child_from, child_to) if locate else None
+    onset, phase = _onset(p, threshold, prompt_lens)
+    first_words = (f"the output of {before} agrees with the reference (ratio {prev.ratio:.2f})"
+                   if prev is not None and prev.port == "output" else
+                   f"the input of {before} agrees with the reference (ratio {prev.ratio:.2f})" if prev is not None
+                   else "nothing before it is compared")
+    lines = ""
+    if located:
+        file, a, b = located
+        lines = f" — {file.rsplit('/', 1)[-1]}:{a}–{b}"
+    evidence = (f"code between two modules: {first_words}, but the input of {p.component} already departs "
+                f"(input ratio {o.ratio:.1f}, threshold {threshold}); no traced module runs in between, so the "
+                f"forward of {owner or 'the model'} ({c.get('cls', '?')}) introduces it between "
+                f"{child_from or 'its start'} and {child_to}{lines}")
+    s = Suspect(rank, owner, c.get("cls", "?"), c.get("file"), c.get("line"), c.get("forward_file"),
+                c.get("forward_line"), [], o.ratio, prev.ratio if prev is not None else None, onset, phase, evidence,
+                kind="glue", between=[before, p.component], same_dtype=p.input_same_dtype)
+    if located:
+        s.forward_file, s.lines = located[0], [located[1], located[2]]
+    return s
+
+
+def _child_of(owner: str, path: str) -> str:
+    """The child of ``owner`` that contains ``path`` (its attribute path, e.g. ``layers.0`` → ``layers``)."""
+    rest = path[len(owner) + 1:] if owner else path
+    return rest.split(".", 1)[0] if rest else ""
 
 
 def _onset(p: PairResult, threshold: float, prompt_lens: list[int]) -> tuple[int | None, str | None]:
@@ -166,55 +400,27 @@ def _onset(p: PairResult, threshold: float, prompt_lens: list[int]) -> tuple[int
     return best, "prefill" if best < prompt_len else f"decode:{best - prompt_len + 1}"
 
 
-def _rank(results: list[PairResult], start: int, threshold: float, classes: dict[str, dict[str, Any]],
-          prompt_lens: list[int]) -> list[Suspect]:
-    """Rank 1: the first locally blamed pair at or after the change point (where the error is introduced).
-    Then: later locally blamed pairs (independent second sources), in execution order. Then the enclosing
-    modules of rank 1, nearest first (the bug may sit in the parent's forward between two modules)."""
-    order: list[int] = []
-    for i in range(start, len(results)):
-        name = results[i].component
-        # A module enclosing an already chosen suspect inherits its error; it is not a second source.
-        if _blamed(results, i, threshold) and not any(results[j].component.startswith(name + ".") for j in order):
-            order.append(i)
-    if not order:
-        order = [start]
-    suspects: list[Suspect] = []
-    for i in order[:3]:
-        suspects.append(_suspect(results[i], len(suspects) + 1, threshold, classes, prompt_lens,
-                                 "change point" if i == order[0] else "locally blamed"))
-    top = results[order[0]].component
-    by_name = {p.component: p for p in results}
-    parts = top.split(".")
-    named = {s.module for s in suspects}
-    for k in range(len(parts) - 1, 0, -1):
-        parent = ".".join(parts[:k])
-        if parent in named:
-            break
-        if re.fullmatch(r".*\.\d+", parent) is None and parent in classes and len(suspects) < 5:
-            pr = by_name.get(parent)
-            s = _suspect(pr, len(suspects) + 1, threshold, classes, prompt_lens, "encloses the top suspect") if pr \
-                else None
-            if s is None:
-                c = classes[parent]
-                s = Suspect(len(suspects) + 1, parent, c["cls"], c["file"], c["line"], c["forward_file"],
-                            c["forward_line"], [], float("nan"), None, None, None,
-                            f"encloses {top}; its own forward code runs around it")
-            suspects.append(s)
-            break
-    return suspects
-
-
-def _suspect(p: PairResult, rank: int, threshold: float, classes: dict[str, dict[str, Any]],
-             prompt_lens: list[int], why: str) -> Suspect:
-    c = classes.get(p.component, {})
-    onset, phase = _onset(p, threshold, prompt_lens)
-    if p.input_ratio is not None:
-        inp = f"its input agrees with the reference (ratio {p.input_ratio:.2f})"
-    else:
-        inp = "the module before it agrees with the reference"
-    where = f" from token {onset} ({phase})" if onset is not None else ""
-    evidence = (f"{why}: output error ratio {p.error_ratio:.1f} (threshold {threshold}) while {inp}; "
-                f"diverges{where}; compared with {', '.join(p.reference_modules) or '—'} via rule '{p.rule}'")
-    return Suspect(rank, p.component, p.cls, c.get("file"), c.get("line"), c.get("forward_file"),
-                   c.get("forward_line"), p.reference_modules, p.error_ratio, p.input_ratio, onset, phase, evidence)
+# ---------------------------------------------------------------------------------------------------------------
+def _conventions(results: list[PairResult], threshold: float, classes: dict[str, dict[str, Any]],
+                 prompt_lens: list[int], dtype: str, locate: GlueLocator | None) -> list[Suspect]:
+    """Modules fed the same tensor as the low-precision reference whose output departs from it by as much as the
+    reference's own rounding, towards fp32 (see the module docstring). Only in a low precision: in fp32 the
+    reference's two runs are one."""
+    if dtype == "float32":
+        return []
+    found: list[Suspect] = []
+    for p in results:
+        if p.input_same_dtype is None or p.input_same_dtype > CONVENTION_IDENTICAL:
+            continue
+        if p.same_dtype is None or p.same_dtype < CONVENTION_DISTANCE or p.error_ratio > CONVENTION_CLOSER:
+            continue
+        c = classes.get(p.component, {})
+        evidence = (f"departs from the reference's {dtype} rounding: fed the same input as the reference's {dtype} run "
+                    f"(input distance {p.input_same_dtype:.2f}), its output differs from that run by "
+                    f"{p.same_dtype:.2f}× the reference's own rounding error, and is closer to fp32 than the "
+                    f"reference (error ratio {p.error_ratio:.2f}): it keeps a precision the checkpoint's reference "
+                    f"rounds away (a constant or intermediate kept in fp32)")
+        found.append(Suspect(0, p.component, p.cls, c.get("file"), c.get("line"), c.get("forward_file"),
+                             c.get("forward_line"), p.reference_modules, p.error_ratio, p.input_ratio, None, None,
+                             evidence, kind="convention", same_dtype=p.same_dtype))
+    return found

@@ -1,28 +1,37 @@
-"""Stage 1 — capture: three traces on the same token sequence.
+"""Stage 1 — capture: engine runs as served, and three traces on the same token sequence.
 
-Entry point: :func:`capture`. The target generates greedily (X_T); the reference is then teacher-forced on the
-target's prompt + generated tokens in the same low precision (X_R) and in fp32 (Y_R).
+Entry points:
 
-Each run happens in its own worker process (``python -m ekka_core.capture.worker``): an engine crash cannot take
+* :func:`capture` — the traced comparison. The target runs one engine configuration (the traced baseline, or the
+  baseline with the factors triage found) and generates (X_T); the reference is then teacher-forced on the ids the
+  target fed and generated, in the same low precision (X_R) and in fp32 (Y_R).
+* :func:`run_engine` — one untraced engine run in a given configuration (the served one, a triage trial): the ids
+  its request path fed, what it generated and the logprobs it sampled from (``outputs.json``), scored against the
+  reference teacher-forced on the same tokens (``reference-scores.json``).
+
+Each run happens in its own process (``python -m ekka_core.capture.run_process``): an engine crash cannot take
 the caller down, what it captured so far is kept on disk marked incomplete, and vLLM's process-wide settings
-(threads, environment) never leak into the reference run.
+(threads, environment) never leak into the reference run. Runs are reused while their inputs are unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ekka_core.capture.trace import INDEX, Trace
 from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
+from ekka_core.contracts.serving import OUTPUTS_FILE, EngineOutputs
 from ekka_core.contracts.spec import DiagnosisSpec
 
 Progress = Callable[[str], None]
+SCORES_FILE = "reference-scores.json"
 
 
 @dataclass
@@ -33,15 +42,30 @@ class CaptureResult:
     reused: bool = False
 
 
-def capture(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
+@dataclass
+class EngineRun:
+    """One engine configuration's run: what the engine produced and the reference's logprobs on the same tokens."""
+
+    directory: Path
+    outputs: EngineOutputs
+    scores: dict[str, Any]          # {"low": …, "fp32": …} as hf_runner.score writes them
+    reused: bool = False
+
+
+def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None = None,
+            changes: list[dict[str, Any]] | None = None, name: str = "", fresh: bool = False,
             progress: Progress = lambda msg: None, env: dict[str, str] | None = None) -> CaptureResult:
+    """Trace the target with engine arguments ``args`` (``changes``: how they differ from the served configuration,
+    recorded in the trace) and the reference teacher-forced on its tokens. ``name`` puts the three traces under
+    ``traces/<name>/`` (the first traced configuration uses ``traces/`` itself)."""
     out_dir = Path(out_dir)
-    traces = out_dir / "traces"
+    traces = out_dir / "traces" / name if name else out_dir / "traces"
     result = CaptureResult(traces / "target", traces / "reference", traces / "reference-fp32")
     stamp = traces / "spec.json"
     if spec.target_trace:
         result.target = Path(spec.target_trace)
-    fingerprint = spec.fingerprint() + _env_fingerprint(env) + _trace_fingerprint(spec.target_trace)
+    fingerprint = (spec.fingerprint() + _env_fingerprint(env) + _trace_fingerprint(spec.target_trace)
+                   + _args_fingerprint(args))
     if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
             and all(_complete(p) for p in (result.target, result.reference, result.reference_fp32)):
         progress("reusing traces (inputs unchanged; --fresh to re-capture)")
@@ -57,15 +81,61 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, fresh: bool = False,
         result.target = external_target(spec)
     else:
         progress(f"tracing the target ({spec.target}, {spec.dtype})")
-        _worker("target", spec_file, result.target, env)
-    progress(f"tracing the reference (hf, {spec.dtype} and float32, teacher-forced)")
+        run_file = traces / "run.in.json"
+        run_file.write_text(json.dumps({"args": args, "label": name or "traced", "trace": True,
+                                        "changes": changes or []}, default=str))
+        _worker("target", spec_file, result.target, env, extra=[str(run_file)])
+    dtype = Trace(result.target).run.dtype.removeprefix("torch.")
+    progress(f"tracing the reference (hf, {dtype} and float32, teacher-forced)")
     _worker("reference", spec_file, result.reference, env, extra=[str(result.target), str(result.reference_fp32)])
     stamp.write_text(json.dumps({"fingerprint": fingerprint, "spec": spec.to_json()}))
     return result
 
 
+def run_engine(spec: DiagnosisSpec, directory: Path, args: dict[str, Any], *, label: str, fresh: bool = False,
+               env: dict[str, str] | None = None, progress: Progress = lambda msg: None) -> EngineRun:
+    """One untraced engine run with exactly ``args`` (no hooks: what the user's server computes), then the
+    reference's logprobs at every position the engine sampled. Reused while spec, arguments and engine
+    environment are unchanged."""
+    directory = Path(directory)
+    stamp = directory / "run.json"
+    fingerprint = spec.fingerprint() + _env_fingerprint(env) + _args_fingerprint(args)
+    if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
+            and (directory / SCORES_FILE).exists():
+        return EngineRun(directory, EngineOutputs.load(directory), json.loads((directory / SCORES_FILE).read_text()),
+                         reused=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    spec_file = directory / "spec.in.json"
+    spec_file.write_text(json.dumps(spec.to_json()))
+    run_file = directory / "run.in.json"
+    run_file.write_text(json.dumps({"args": args, "label": label, "trace": False, "changes": []}, default=str))
+    progress(f"running {spec.target} untraced ({label})")
+    _worker("target", spec_file, directory, env, extra=[str(run_file)], log=directory / "engine.log")
+    progress(f"scoring the {label} run against the reference (hf, teacher-forced)")
+    _worker("score", spec_file, directory, env, log=directory / "score.log")
+    stamp.write_text(json.dumps({"fingerprint": fingerprint}))
+    return EngineRun(directory, EngineOutputs.load(directory), json.loads((directory / SCORES_FILE).read_text()))
+
+
+def score_run(spec: DiagnosisSpec, directory: Path, *, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Score an engine run already on disk (``directory/outputs.json``) with a reference run of its own."""
+    directory = Path(directory)
+    spec_file = directory / "spec.in.json"
+    spec_file.write_text(json.dumps(spec.to_json()))
+    _worker("score", spec_file, directory, env, log=directory / "score.log")
+    return json.loads((directory / SCORES_FILE).read_text())
+
+
+def _args_fingerprint(args: dict[str, Any] | None) -> str:
+    if args is None:
+        return ""
+    return "|args=" + hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 # Environment variables that change what the engine computes (the workers inherit the caller's environment).
-ENGINE_ENV = ("EKKA_INJECT_BUG",)
+# EKKA_TARGET_PYTHON: the target run's interpreter (another environment's vLLM; ekka_core.capture.interpreter).
+ENGINE_ENV = ("EKKA_INJECT_BUG", "EKKA_TARGET_PYTHON")
 
 
 def _env_fingerprint(env: dict[str, str] | None) -> str:
@@ -80,11 +150,12 @@ def _trace_fingerprint(path: str) -> str:
 
 def spec_for_trace(trace_dir: Path, *, model: str | None = None, **fields: object) -> DiagnosisSpec:
     """A spec that diagnoses a target trace captured outside Ekka (EKKA_TRACE_DIR under ``vllm serve`` or a user's
-    own script): model and dtype from the trace unless given; its requests stand in for the prompts."""
+    own script): model and dtype from the trace unless given; its requests are the prompt ids the engine fed (what
+    the client sent is not in the trace, so the input pre-flight has only those ids to check)."""
     trace = _read_external(Path(trace_dir))
     run = trace.run
-    prompts = run.prompts or [f"(request {i}: {n} prompt tokens)" for i, n in enumerate(run.prompt_lens)]
-    return DiagnosisSpec(model=model or run.model, prompts=prompts, target=run.framework,
+    ids = [list(t[:n]) for t, n in zip(run.token_ids, run.prompt_lens)]
+    return DiagnosisSpec(model=model or run.model, prompt_token_ids=ids, target=run.framework,
                          dtype=run.dtype.removeprefix("torch."), max_new_tokens=max(1, max(
                              (len(g) for g in run.generated_ids), default=1)),
                          target_trace=str(trace_dir), **fields)  # type: ignore[arg-type]
@@ -94,7 +165,7 @@ def external_target(spec: DiagnosisSpec) -> Path:
     """The external target trace, checked to be closed and to describe this diagnosis (same model dtype)."""
     path = Path(spec.target_trace)
     run = _read_external(path).run
-    if run.dtype.removeprefix("torch.") != spec.dtype:
+    if spec.dtype != "auto" and run.dtype.removeprefix("torch.") != spec.dtype:
         raise BadInput(f"the target trace {path} ran in {run.dtype}, the diagnosis asks for {spec.dtype}",
                        fix=f"pass --dtype {run.dtype.removeprefix('torch.')} (the reference must use the target's)")
     return path
@@ -130,20 +201,23 @@ def _complete(path: Path) -> bool:
         return False
 
 
-def _worker(role: str, spec_file: Path, out: Path, env: dict[str, str] | None, extra: list[str] = ()) -> None:
-    cmd = [sys.executable, "-m", "ekka_core.capture.worker", role, str(spec_file), str(out), *extra]
+def _worker(role: str, spec_file: Path, out: Path, env: dict[str, str] | None, extra: list[str] = (),
+            log: Path | None = None) -> None:
     full_env = {**os.environ, **(env or {})}
+    python = sys.executable
+    if role == "target" and full_env.get("EKKA_TARGET_PYTHON"):
+        from ekka_core.capture.interpreter import target_interpreter
+        python, full_env = target_interpreter(full_env, json.loads(spec_file.read_text()).get("target", "vllm"))
+    cmd = [python, "-m", "ekka_core.capture.run_process", role, str(spec_file), str(out), *extra]
     proc = subprocess.run(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = out.parent / f"{role}.log"
+    log = log or out.parent / f"{role}.log"
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode == 0:
         return
-    # The worker's last stderr line is a JSON error record when it failed cleanly.
-    for line in reversed(proc.stderr.strip().splitlines()):
-        if line.startswith('{"ekka_error"'):
-            err = json.loads(line)["ekka_error"]
-            cls = BadInput if err["exit_code"] == 2 else InternalFailure
-            raise cls(err["message"], fix=err.get("fix"))
+    # The run's last stderr line is the error envelope when it failed cleanly.
+    err = EkkaError.from_envelope_lines(proc.stderr)
+    if err is not None:
+        raise err
     tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
     raise InternalFailure(f"the {role} run died (exit {proc.returncode}); partial trace kept in {out}; log: {log}\n"
                           f"{tail}")
@@ -153,4 +227,4 @@ def load(result: CaptureResult) -> tuple[Trace, Trace, Trace]:
     return Trace(result.target), Trace(result.reference), Trace(result.reference_fp32)
 
 
-__all__ = ["capture", "CaptureResult", "load", "INDEX"]
+__all__ = ["capture", "CaptureResult", "EngineRun", "load", "run_engine", "score_run", "INDEX", "SCORES_FILE"]

@@ -15,17 +15,59 @@ import torch
 from ekka_core.capture.hooks import ModuleTracer, tracer_for
 from ekka_core.capture.trace import RunInfo, TraceWriter
 from ekka_core.contracts.errors import BadInput
-from ekka_core.contracts.spec import DiagnosisSpec
+from ekka_core.contracts.serving import EngineOutputs
+from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec
 
 ATTN_IMPLEMENTATION = "eager"
 
 
-def own_tokenization(model: str, prompts: list[str]) -> list[list[int]]:
-    """Token ids HF's tokenizer gives each prompt: the pre-flight compares them with the target's own."""
+def own_inputs(model: str, requests: list[RequestSpec]) -> list[list[int]]:
+    """The token ids the reference's own pipeline makes of each request as the user sent it: HF's tokenizer for
+    prompt text (special tokens as the tokenizer adds them), HF's ``apply_chat_template`` for chat messages (the
+    template writes the special tokens; nothing is added on top), the ids themselves when given. The pre-flight
+    compares them with the ids the engine actually fed the model."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    return [list(tok(p)["input_ids"]) for p in prompts]
+    out = []
+    for r in requests:
+        if r.prompt is not None:
+            out.append(list(tok(r.prompt)["input_ids"]))
+        elif r.messages is not None:
+            try:
+                ids = tok.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=True)
+            except (ValueError, TypeError) as e:   # no chat template, or one that rejects these messages
+                raise BadInput(f"HF Transformers cannot render request {r.id!r} as chat: {e}",
+                               fix="give the checkpoint a chat template (tokenizer_config.json / chat_template.jinja) "
+                                   "or send prompt text") from None
+            out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        else:
+            out.append(list(r.prompt_token_ids or []))
+    return out
+
+
+def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str) -> dict[str, Any]:
+    """Teacher-force HF on what the engine fed and generated, and read its logprobs where the engine sampled, for
+    the token ids the engine reported (its top-k) — the symptom check's reference, one forward per request."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=getattr(torch, dtype),
+                                                 attn_implementation=ATTN_IMPLEMENTATION)
+    model.eval()
+    scored = []
+    with torch.no_grad():
+        for r in outputs.requests:
+            ids = r.prompt_token_ids + r.generated[:-1]
+            logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+            start = len(r.prompt_token_ids) - 1            # the row that sampled generated[0]
+            rows = logits[start:start + len(r.generated)].log_softmax(-1)
+            steps = []
+            for j, top in enumerate(r.logprobs):
+                tokens = sorted(top)
+                steps.append({"tokens": tokens, "logprobs": rows[j, tokens].tolist(),
+                              "argmax": int(rows[j].argmax())})
+            scored.append({"request": r.request, "steps": steps})
+    return {"dtype": dtype, "requests": scored}
 
 
 # Functions HF calls inside a module's forward that compute a component engines implement as a module
@@ -79,8 +121,8 @@ def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int],
         return [current["seq"]] * n, list(range(n))
 
     run_info = RunInfo(framework="hf", framework_version=transformers.__version__, role=role, model=spec.model,
-                       dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION, prompts=list(spec.prompts),
-                       own_prompt_token_ids=own_tokenization(spec.model, spec.prompts),
+                       dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION, prompts=spec.labels(),
+                       own_prompt_token_ids=own_inputs(spec.model, spec.request_list()),
                        token_ids=token_ids, prompt_lens=prompt_lens)
     writer = TraceWriter(out_dir, run_info)
     tracer = tracer_for(writer, layout, spec.trace_options()).attach(model)

@@ -41,6 +41,17 @@ def _source(obj: Any) -> tuple[str | None, int | None]:
         return None, None
 
 
+def _class_info(cls: type) -> tuple:
+    """(name, qualname, class file, line, forward file, line), read once per class per process."""
+    info = _CLASS_INFO.get(cls)
+    if info is None:
+        cf, cl = _source(cls)
+        ff, fl = _source(cls.forward)
+        info = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}", cf, cl, ff, fl)
+        _CLASS_INFO[cls] = info
+    return info
+
+
 def tracer_for(writer: TraceWriter, layout: Callable[[tuple, dict], Layout], options: dict[str, str] | None
                ) -> "ModuleTracer":
     """A tracer configured by a spec's trace options (module regex, storage dtype, token positions); the options
@@ -100,6 +111,9 @@ class ModuleTracer:
         # (most inputs are the previous module's output).
         self._seen: dict[int, tuple[TensorRef, torch.Tensor, float]] = {}
         self._entries = 0
+        # For each executing module (by depth in _inputs): the index of the last call completed when it was entered —
+        # when its input was observed, on the same clock as the calls' completion order.
+        self._entered: dict[int, int] = {}
         self.fired = 0
 
     # -- installation -----------------------------------------------------------------------------------------
@@ -109,6 +123,9 @@ class ModuleTracer:
         # name, and all its calls are recorded under it.
         for name, module in root.named_modules():
             self._names[id(module)] = name
+            # Every module's class, hooked calls or not (vLLM's compile decorator bypasses a model's own hooks):
+            # a parent whose forward never fires a hook can still own the code that runs between two children.
+            self.writer.run.module_classes[name] = list(_class_info(type(module)))
             for attr, child in module.named_children():
                 self._child_attr[(id(module), id(child))] = attr
             self.handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
@@ -136,6 +153,7 @@ class ModuleTracer:
         inputs: list[Any] = list(args) + [v for k, v in kwargs.items() if k not in _SKIPPED_KWARGS]
         self._inputs.append([self._store_input(f"e{self._entries}.in{i}", x)
                              for i, x in enumerate(_flatten(inputs))])
+        self._entered[len(self._inputs) - 1] = len(self.writer.calls) - 1
 
     def _store_input(self, key: str, x: Any) -> TensorRef | str | None:
         if isinstance(x, torch.Tensor):
@@ -193,6 +211,7 @@ class ModuleTracer:
         path = self._stack.pop() if self._stack else self._names[id(module)]
         if self._parent_ids:
             self._parent_ids.pop()
+        entered_after = self._entered.pop(len(self._inputs) - 1, None)
         stored_inputs = self._inputs.pop() if self._inputs else None
         if not self._recording() or not self.include(path) or stored_inputs is None:
             return  # outside any traced step (warm-up, skipped positions), or excluded by the module filter
@@ -200,13 +219,7 @@ class ModuleTracer:
         w = self.writer
         step = w.steps[-1]
         index = len(w.calls)
-        cls = type(module)
-        info = _CLASS_INFO.get(cls)
-        if info is None:
-            cf, cl = _source(cls)
-            ff, fl = _source(cls.forward)
-            info = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}", cf, cl, ff, fl)
-            _CLASS_INFO[cls] = info
+        info = _class_info(type(module))
         call = ModuleCall(index=index, step=step.index, module=path, cls=info[0],
                           qualname=info[1], class_file=info[2], class_line=info[3], forward_file=info[4],
                           forward_line=info[5])
@@ -214,6 +227,7 @@ class ModuleTracer:
             call.shared_as = self._names[id(module)]
 
         call.inputs = stored_inputs
+        call.entered_after = entered_after
         names, values = _flatten_output(output)
         call.output_names = names
         call.outputs = [self._store(f"c{index}.out{i}", x) for i, x in enumerate(values)]

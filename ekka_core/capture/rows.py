@@ -45,9 +45,11 @@ class RowLedger:
             prompt_lens.append(prompt_len.get(rid, n))
         return seq_by_req, token_ids, prompt_lens, "; ".join(problems) or None
 
-    def proof(self, seq_by_rid: dict[str, int], token_ids: list[list[int]]) -> list[str]:
+    def proof(self, seq_by_rid: dict[str, int], token_ids: list[list[int]], *,
+              cached: list[int] | None = None) -> list[str]:
         """What is wrong with the rows, given what a driver fed each sequence: every (sequence, position) computed
-        exactly once, with the token the driver sent or generated there."""
+        exactly once, with the token the driver sent or generated there — except the first ``cached[s]`` positions
+        of sequence s, which a prefix-cache hit served (computed for an earlier request, not for this one)."""
         problems = list(self.problems)
         unknown = sorted(rid for rid in self.tokens if rid not in seq_by_rid)
         if unknown:
@@ -60,7 +62,8 @@ class RowLedger:
         for rid, s in seq_by_rid.items():
             expected = token_ids[s]
             seen = self.tokens.get(rid, {})
-            missing = [p for p in range(len(expected)) if p not in seen]
+            first = cached[s] if cached and s < len(cached) else 0
+            missing = [p for p in range(first, len(expected)) if p not in seen]
             if missing:
                 problems.append(f"sequence {s}: positions {missing[:6]} were never traced (cached or replayed "
                                 "without hooks: radix cache or CUDA graphs on?)")

@@ -1,6 +1,6 @@
 """Target runner for SGLang: greedy generation of all prompts as one batch, every module call traced.
 
-Runs in the capture worker process (``python -m ekka_core.capture.worker target …``, under a ``__main__`` guard as
+Runs in the capture run process (``python -m ekka_core.capture.run_process target …``, under a ``__main__`` guard as
 SGLang's spawned scheduler processes require). It builds ``sglang.Engine`` with CUDA graphs, torch.compile, the
 radix (prefix) cache and overlap scheduling off, with Ekka's scheduler-process entry
 (:func:`ekka_core.capture.sglang_tracing.run_scheduler_process`) so each scheduler — one per tensor-parallel rank —

@@ -29,9 +29,9 @@ def register() -> None:
     if _done:
         return
     _done = True
-    from vllm.v1.worker import worker_base
+    from ekka_core.capture import vllm_compat
 
-    worker_base.WorkerBase.ekka_trace_control = _trace_control  # type: ignore[attr-defined]
+    vllm_compat.worker_base_class().ekka_trace_control = _trace_control  # type: ignore[attr-defined]
     if os.environ.get(TRACE_DIR_ENV):
         _autostart(Path(os.environ[TRACE_DIR_ENV]))
     name = os.environ.get("EKKA_INJECT_BUG")
@@ -51,9 +51,10 @@ def _trace_control(worker: Any, cmd: str, *args: Any) -> Any:
 
 
 def _autostart(directory: Path) -> None:
-    from vllm.v1.worker import gpu_model_runner
+    from ekka_core.capture import vllm_compat
 
-    original = gpu_model_runner.GPUModelRunner.execute_model
+    runner_class = vllm_compat.model_runner_class()
+    original = runner_class.execute_model
 
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         from ekka_core.capture import vllm_tracing
@@ -76,4 +77,4 @@ def _autostart(directory: Path) -> None:
         vllm_tracing.step_done()
         return out
 
-    gpu_model_runner.GPUModelRunner.execute_model = execute_model
+    runner_class.execute_model = execute_model

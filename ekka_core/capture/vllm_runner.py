@@ -1,46 +1,46 @@
-"""Target runner for vLLM: greedy generation of all prompts as one batch, every module call traced.
+"""Target runner for vLLM: one engine configuration, the spec's requests sent as the user sends them, optionally
+with every module call traced.
 
-With one rank the engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0); with tensor parallelism its workers
-are processes of their own. Either way hooks are installed in every worker by Ekka's vLLM plugin, through
-``LLM.collective_rpc("ekka_trace_control", …)`` after the engine is built (so warm-up passes are not traced) and
-before generation. Must run in its own process (the capture worker): vLLM owns torch's threads there.
+Requests go out in waves (:meth:`DiagnosisSpec.waves`): a wave is one ``LLM.generate`` call (prompt text and token
+ids) or one ``LLM.chat`` call (conversations: the engine's own chat path renders them), so prefix-cache hits and
+batching happen as in a server. Decoding is greedy unless a request says otherwise; every sampled position returns
+its top-k logprobs, which the symptom check compares with the reference.
+
+What the run records is what actually ran (:class:`~ekka_core.contracts.serving.EngineOutputs`): the ids the
+engine's request path fed the model (``RequestOutput.prompt_token_ids``, checked against the rows the hooks saw when
+tracing), the configuration the engine resolved from its arguments, how many prompt tokens came from the prefix
+cache.
+
+With one rank the engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0); with tensor parallelism its workers are
+processes of their own. Hooks are installed in every worker by Ekka's vLLM plugin through
+``LLM.collective_rpc("ekka_trace_control", …)`` after the engine is built (warm-up passes are not traced). Must run in
+its own process (the capture worker): vLLM owns torch's threads there.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
+import resource
+import time
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from ekka_core.capture.trace import RunInfo
 from ekka_core.contracts.errors import BadInput, InternalFailure, engine_start_error
-from ekka_core.contracts.spec import DiagnosisSpec
+from ekka_core.contracts.serving import EngineOutputs, RequestOutcome
+from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec
 
-
-def engine_args(spec: DiagnosisSpec) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "model": spec.model, "dtype": spec.dtype, "seed": 0,
-        # Hooks do not fire under CUDA-graph replay or inside a torch.compile'd graph: trace eagerly.
-        "enforce_eager": True, "compilation_config": {"mode": 0},
-        # With prefix caching a repeated prefix is never recomputed, hence never traced.
-        "enable_prefix_caching": False,
-        "max_model_len": 512,
-    }
-    user = dict(spec.engine_args)
-    if user.get("enforce_eager") is False:
-        raise BadInput("engine_args.enforce_eager=false: CUDA graphs replay kernels without running module hooks",
-                       fix="remove enforce_eager from the spec (Ekka traces with enforce_eager=True)")
-    if user.get("enable_prefix_caching"):
-        raise BadInput("engine_args.enable_prefix_caching=true: cached prefix positions are never recomputed",
-                       fix="remove enable_prefix_caching from the spec")
-    if int(user.get("tensor_parallel_size", 1)) > 1:
-        args["distributed_executor_backend"] = "mp"
-    args.update(user)
-    return args
+# Top-k logprobs per sampled position (vLLM's default max_logprobs is 20).
+SAMPLE_LOGPROBS = 20
 
 
 def _engine_env(args: dict[str, Any]) -> None:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from ekka_core.capture.vllm_config import CPU_KVCACHE_GIB
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))
     tp = int(args.get("tensor_parallel_size", 1))
     if tp == 1:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -52,52 +52,162 @@ def _engine_env(args: dict[str, Any]) -> None:
             f"{r * per}-{r * per + per - 1}" if per > 1 else str(r * per) for r in range(tp)))
 
 
-def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
-    args = engine_args(spec)
+def check_engine_args(args: dict[str, Any]) -> None:
+    """Every argument must be one the installed vLLM's ``LLM`` accepts (its own parameters or an ``EngineArgs``
+    field): a typo is bad input before an engine starts, named with vLLM's version and the nearest real name."""
+    import vllm
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in fields(EngineArgs)} | set(inspect.signature(LLM.__init__).parameters) - {"self", "kwargs"}
+    unknown = sorted(set(args) - known)
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], known, n=1)
+        raise BadInput(f"vLLM {vllm.__version__} has no engine argument `{unknown[0]}`"
+                       + (f" (did you mean `{near[0]}`?)" if near else ""),
+                       fix="use an argument of vllm.engine.arg_utils.EngineArgs (as `vllm serve --help` lists them, "
+                           "with _ for -)")
+
+
+def _start(args: dict[str, Any], model: str) -> Any:
+    from vllm import LLM
+
+    try:
+        return LLM(**args)
+    except TypeError as e:                         # vLLM's own complaint about an argument, named as such
+        raise BadInput(f"vLLM rejects the engine arguments: {e}", fix="fix that engine argument") from e
+    except Exception as e:
+        text = str(e)
+        lowered = text.lower()
+        if "validation error" in lowered or "kv cache" in lowered or "max_model_len" in lowered \
+                or "max_num_batched_tokens" in lowered or "block_size" in lowered:
+            # The served configuration cannot start here (not enough KV cache, an invalid value): the engine's
+            # own words, first telling line.
+            line = next((ln.strip() for ln in text.splitlines()
+                         if ln.strip() and ("Value error" in ln or "must" in ln or "larger" in ln
+                                            or "KV cache" in ln or "Input should" in ln)),
+                        text.splitlines()[0] if text else type(e).__name__)
+            raise BadInput(f"vLLM cannot start with this configuration: {line}",
+                           fix="change that engine argument (--engine-arg KEY=VALUE or the spec's [engine_args])") from e
+        raise engine_start_error("vLLM", model, e) from e
+
+
+def resolved_config(llm: Any) -> dict[str, Any]:
+    """What the engine made of its arguments: the values each configuration factor really has in this run."""
+    vc = llm.llm_engine.vllm_config
+    cc, sc, cache, mc = vc.compilation_config, vc.scheduler_config, vc.cache_config, vc.model_config
+    return {"enforce_eager": bool(mc.enforce_eager), "compilation_mode": int(cc.mode),
+            "compilation_backend": str(cc.backend), "custom_ops": list(cc.custom_ops),
+            "enable_prefix_caching": bool(cache.enable_prefix_caching), "block_size": cache.block_size,
+            "kv_cache_dtype": str(cache.cache_dtype), "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "max_num_seqs": sc.max_num_seqs, "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
+            "max_model_len": mc.max_model_len, "dtype": str(mc.dtype).removeprefix("torch.")}
+
+
+def _params(spec: DiagnosisSpec, request: RequestSpec) -> Any:
+    from vllm import SamplingParams
+
+    values: dict[str, Any] = {"temperature": 0.0, "max_tokens": spec.max_new_tokens_of(request), "ignore_eos": True,
+                              "logprobs": SAMPLE_LOGPROBS}
+    values.update(request.sampling)
+    try:
+        return SamplingParams(**values)
+    except (TypeError, ValueError) as e:
+        raise BadInput(f"request {request.id!r}: sampling {request.sampling} is not valid for vLLM ({e})",
+                       fix="use SamplingParams fields, e.g. sampling = { repetition_penalty = 1.2 }") from None
+
+
+def _send(llm: Any, spec: DiagnosisSpec, requests: list[RequestSpec], wave: list[int]) -> list[Any]:
+    """One wave: all its requests in one call, as a server batch would take them. Chat requests go through the
+    engine's chat path (LLM.chat), the others through LLM.generate; one call cannot take both."""
+    from vllm.inputs import TokensPrompt
+
+    chat = [i for i in wave if requests[i].messages is not None]
+    if chat and len(chat) != len(wave):
+        raise BadInput(f"requests {[requests[i].id for i in wave]} are sent together but mix chat and prompt input",
+                       fix="vLLM's LLM.chat and LLM.generate are separate calls: give the chat requests an `after` "
+                           "of their own")
+    params = [_params(spec, requests[i]) for i in wave]
+    try:
+        if chat:
+            return llm.chat([requests[i].messages for i in wave], params, use_tqdm=False)
+        prompts = [requests[i].prompt if requests[i].prompt is not None
+                   else TokensPrompt(prompt_token_ids=list(requests[i].prompt_token_ids or [])) for i in wave]
+        return llm.generate(prompts, params, use_tqdm=False)
+    except ValueError as e:
+        if "maximum model length" in str(e) or "max_model_len" in str(e) or "too long" in str(e):
+            raise BadInput(f"a request of wave {[requests[i].id for i in wave]} does not fit: {e}",
+                           fix="shorten it, lower max_new_tokens, or raise --engine-arg max_model_len=N") from None
+        raise
+
+
+def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str, trace: bool,
+        config_changes: list[dict[str, Any]] | None = None) -> EngineOutputs:
+    """Run the spec's requests on vLLM with exactly ``args``; trace every module call into ``out_dir`` when
+    ``trace``. Writes ``out_dir/outputs.json`` and returns it."""
     _engine_env(args)
     import vllm
-    from vllm import LLM, SamplingParams
 
-    try:
-        llm = LLM(**args)
-    except Exception as e:
-        raise engine_start_error("vLLM", spec.model, e) from e
+    check_engine_args(args)
+    t0 = time.perf_counter()
+    llm = _start(args, spec.model)
+    started = time.perf_counter() - t0
+    resolved = resolved_config(llm)
+    requests = spec.request_list()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if trace:
+        run_info = RunInfo(framework="vllm", framework_version=vllm.__version__, role="target", model=spec.model,
+                           dtype=resolved["dtype"], engine_args={k: v for k, v in args.items() if k != "model"},
+                           prompts=spec.labels(), resolved_config=resolved, config_changes=list(config_changes or []))
+        # The worker method comes from Ekka's vLLM plugin, loaded by vLLM itself in every worker process.
+        llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), asdict(run_info), spec.trace_options()))
 
-    tokenizer = llm.get_tokenizer()
-    own_ids = [list(tokenizer.encode(p)) for p in spec.prompts]
-    max_len = args["max_model_len"]
-    for i, ids in enumerate(own_ids):
-        if len(ids) + spec.max_new_tokens > max_len:
-            raise BadInput(f"prompt {i} is {len(ids)} tokens; with {spec.max_new_tokens} new tokens it exceeds "
-                           f"max_model_len={max_len}", fix="shorten the prompt or raise engine_args.max_model_len")
-
-    run_info = RunInfo(framework="vllm", framework_version=vllm.__version__, role="target", model=spec.model,
-                       dtype=spec.dtype, engine_args={k: v for k, v in args.items() if k != "model"},
-                       prompts=list(spec.prompts))
-    from dataclasses import asdict
-    # The worker method comes from Ekka's vLLM plugin, loaded by vLLM itself in every worker process.
-    llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), asdict(run_info),
-                                                          spec.trace_options()))
-    params = SamplingParams(temperature=0.0, max_tokens=spec.max_new_tokens, ignore_eos=True)
     failure = None
-    outputs = []
+    outcomes: dict[int, tuple[Any, int]] = {}
     try:
-        outputs = llm.generate(list(spec.prompts), params, use_tqdm=False)
-    except Exception as e:
+        for w, wave in enumerate(spec.waves()):
+            for i, o in zip(wave, _send(llm, spec, requests, wave)):
+                outcomes[i] = (o, w)
+    except BadInput:
+        if trace:
+            _close_trace(llm, {}, [], [], [], [], [], "stopped by bad input")
+        raise
+    except Exception as e:  # noqa: BLE001 - the trace so far is kept, marked incomplete
         failure = f"vLLM crashed during generation: {type(e).__name__}: {e}"
-    seq_by_req = {o.request_id: i for i, o in enumerate(outputs)}
-    prompt_ids = [list(o.prompt_token_ids) for o in outputs] or own_ids
-    generated = [list(o.outputs[0].token_ids) for o in outputs]
-    # What the model was fed: the prompt and every generated token but the last (which is only sampled).
-    token_ids = [p + g[:-1] for p, g in zip(prompt_ids, generated)]
+
+    result = EngineOutputs(framework="vllm", framework_version=vllm.__version__, label=label, args=args,
+                           resolved=resolved, dtype=resolved["dtype"], traced=trace, start_seconds=started)
+    for i in sorted(outcomes):
+        o, w = outcomes[i]
+        result.requests.append(RequestOutcome(
+            request=i, prompt_token_ids=list(o.prompt_token_ids), generated=list(o.outputs[0].token_ids),
+            logprobs=[{int(t): float(lp.logprob) for t, lp in step.items()} for step in (o.outputs[0].logprobs or [])],
+            num_cached_tokens=int(o.num_cached_tokens or 0), wave=w))
+    if trace:
+        seq_by_req = {outcomes[i][0].request_id: i for i in outcomes}
+        prompts = [r.prompt_token_ids for r in result.requests]
+        generated = [r.generated for r in result.requests]
+        # What the model was fed: the prompt and every generated token but the last (which is only sampled).
+        token_ids = [p + g[:-1] for p, g in zip(prompts, generated)]
+        cached = [r.num_cached_tokens for r in result.requests]
+        _close_trace(llm, seq_by_req, [len(p) for p in prompts], token_ids, generated, prompts, cached, failure)
+        tp = int(args.get("tensor_parallel_size", 1))
+        if tp > 1 and failure is None:
+            from ekka_core.capture.unshard import unshard
+            unshard([out_dir / f"rank-{r}" for r in range(tp)], out_dir)
+    result.seconds = round(time.perf_counter() - t0, 2)
+    result.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    result.save(out_dir)
+    if failure:
+        raise InternalFailure(failure + (f" (partial trace kept in {out_dir}, marked incomplete)" if trace else ""))
+    return result
+
+
+def _close_trace(llm: Any, seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[list[int]],
+                 generated: list[list[int]], prompts: list[list[int]], cached: list[int], failure: str | None) -> None:
     try:
-        stats = llm.collective_rpc("ekka_trace_control", args=("close", seq_by_req, [len(p) for p in prompt_ids],
-                                                               token_ids, generated, own_ids, failure))
+        llm.collective_rpc("ekka_trace_control", args=("close", seq_by_req, prompt_lens, token_ids, generated,
+                                                       prompts, failure, cached))
     except Exception as e:  # a dead engine cannot close its workers' traces; they stay on disk, unindexed
         raise InternalFailure(f"{failure or 'vLLM failed'}; closing the traces failed too ({e})") from e
-    if args.get("tensor_parallel_size", 1) > 1 and failure is None:
-        from ekka_core.capture.unshard import unshard
-        unshard([Path(out_dir) / f"rank-{r}" for r in range(args["tensor_parallel_size"])], Path(out_dir))
-    if failure:
-        raise InternalFailure(failure + f" (partial trace kept in {out_dir}, marked incomplete)")
-    return {"ranks": stats}

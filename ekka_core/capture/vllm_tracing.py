@@ -19,6 +19,7 @@ from ekka_core.capture.unshard import tp_layout
 
 _TRACER: ModuleTracer | None = None
 _SERVED: "ServedRequests | None" = None
+_ROWS: RowLedger | None = None
 
 
 def active() -> ModuleTracer | None:
@@ -36,35 +37,34 @@ def start_on_runner(runner: Any, out_dir: str, run: dict[str, Any], *, served: b
     (``vllm serve``, a user's own script): it learns each request's tokens from the rows it sees, and
     :func:`step_done` closes the trace on disk after every step."""
     global _TRACER
-    import vllm
-    from vllm.distributed import parallel_state
+    from ekka_core.capture import vllm_compat
 
     model = runner.get_model()
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    tp_rank, tp_size = vllm_compat.tp_rank_and_size()
     directory = Path(out_dir) / f"rank-{tp_rank}" if tp_size > 1 else Path(out_dir)
     known = {f.name for f in fields(RunInfo)}
-    info = RunInfo(**{"framework_version": vllm.__version__, **{k: v for k, v in run.items() if k in known}})
+    info = RunInfo(**{"framework_version": vllm_compat.version(), **{k: v for k, v in run.items() if k in known}})
     info.tp_rank, info.tp_size = tp_rank, tp_size
     info.declared = declared_weight_mapping(model)
     info.declared["tp_layout"] = tp_layout(model)
     writer = TraceWriter(directory, info)
-    global _SERVED
+    global _SERVED, _ROWS
     _SERVED = ServedRequests() if served else None
+    _ROWS = RowLedger()      # a driven run's rows, proved against what the driver says it fed (close)
 
     def layout(args: tuple, kwargs: dict) -> tuple[list[Any], list[int]]:
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
         pos = positions.tolist()
-        batch = runner.input_batch
-        n = batch.num_reqs
-        starts = runner.query_start_loc.np[: n + 1].tolist()
+        req_ids, starts = vllm_compat.runner_rows(runner)
         reqs: list[Any] = [None] * len(pos)  # rows past the last request are padding
-        for i, rid in enumerate(batch.req_ids[:n]):
+        for i, rid in enumerate(req_ids):
             for row in range(starts[i], starts[i + 1]):
                 reqs[row] = rid
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
         if _SERVED is not None:
-            input_ids = kwargs.get("input_ids", args[0] if args else None)
-            _SERVED.see(reqs, pos, input_ids, runner.requests)
+            _SERVED.see(reqs, pos, input_ids, vllm_compat.runner_requests(runner))
+        elif _ROWS is not None:
+            _ROWS.see(reqs, pos, input_ids)
         return reqs, pos
 
     _TRACER = tracer_for(writer, layout, options).attach(model)
@@ -89,13 +89,18 @@ def close_served() -> None:
 
 
 def close(seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[list[int]],
-          generated: list[list[int]], own_prompt_ids: list[list[int]], failure: str | None) -> dict[str, Any]:
-    global _TRACER, _SERVED
+          generated: list[list[int]], own_prompt_ids: list[list[int]], failure: str | None,
+          cached: list[int] | None = None) -> dict[str, Any]:
+    """Close a driven run's trace. ``token_ids`` is what the driver says each sequence fed (the engine's
+    ``prompt_token_ids`` + generated tokens), ``cached`` how many prompt tokens of each came from the prefix cache:
+    the rows the hooks saw must be exactly those tokens at those positions, every position past the cached prefix
+    computed once — otherwise the trace is marked incomplete with what did not line up."""
+    global _TRACER, _SERVED, _ROWS
     tracer = _TRACER
     if tracer is None:
         return {"calls": 0, "steps": 0, "fired": 0}
     tracer.detach()
-    _SERVED = None
+    rows, _SERVED, _ROWS = _ROWS, None, None
 
     def seq_of(rid: str) -> int:
         if rid in seq_by_req:
@@ -108,10 +113,15 @@ def close(seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[li
     run = tracer.writer.run
     run.token_ids, run.prompt_lens, run.generated_ids = token_ids, prompt_lens, generated
     run.own_prompt_token_ids = own_prompt_ids
+    run.cached_tokens = list(cached or [])
     if seq_by_req:
         tracer.resolve_steps(seq_of, prompt_lens)
     else:
         tracer.keep_raw_requests()
+    if seq_by_req and rows is not None and failure is None and tracer.fired:
+        by_rid = {rid: seq_of(rid) for rid in rows.tokens}
+        problems = rows.proof({rid: s for rid, s in by_rid.items() if s >= 0}, token_ids, cached=cached)
+        failure = "; ".join(problems) or None
     ok = failure is None and tracer.fired > 0 and bool(seq_by_req)
     tracer.writer.close(complete=ok, failure=failure or (None if tracer.fired else "no module hook fired: the "
                                                          "model ran under CUDA graphs or torch.compile"))

@@ -1,6 +1,7 @@
 """Errors that cross stage and process boundaries, each tied to one CLI exit code (DESIGN.md: 2 bad input,
 3 failure), and their one wire format: :meth:`EkkaError.to_json` / :func:`EkkaError.from_json`, the *error envelope*
-every process boundary uses (capture worker → pipeline, language-server worker → server, remote host → client).
+every process boundary uses (capture run process → pipeline, language-server engine process → server, remote host
+process → client).
 """
 
 from __future__ import annotations

@@ -37,11 +37,46 @@ class ComponentPair:
     aligner: str | None = None    # source of a validated custom aligner (ekka_core.align.template), run sandboxed
 
 
+# Why a component is unmapped, as a state (the ``reason`` is the human explanation that goes with it).
+NO_RULE = "no-rule"                   # no mapping rule applies: open for the knowledge base and the agent
+RULES_OFF = "rules-off"               # the rules were disabled (EKKA_MAPPING_RULES=off): open, as no-rule
+EXPLAINED = "explained"               # a rule says why it has no reference counterpart (model root, sampler, …)
+AGENT_EXPLAINED = "agent-explained"   # the agent (or its knowledge base) says why it has no counterpart
+AGENT_MAPPED = "agent-mapped"         # compared as part of a pair the agent mapped (the parts of an N:1 pair)
+UNCHECKED = "unchecked"               # left open: the agent could not map it (no API key, budget, gave up, …)
+STATUSES = (NO_RULE, RULES_OFF, EXPLAINED, AGENT_EXPLAINED, AGENT_MAPPED, UNCHECKED)
+OPEN_STATUSES = (NO_RULE, RULES_OFF)  # what the agent is asked to map or explain, and what validate() refuses
+
+
+def status_from_reason(reason: str) -> str:
+    """The status of an ``Unmapped`` entry of a mapping.json written before statuses existed (its reason's
+    wording was the status then)."""
+    if reason.startswith("no rule: the mapping rules are disabled"):
+        return RULES_OFF
+    for prefix, status in (("no rule", NO_RULE), ("unchecked", UNCHECKED), ("agent:", AGENT_EXPLAINED),
+                           ("knowledge base:", AGENT_EXPLAINED), ("compared as part of", AGENT_MAPPED)):
+        if reason.startswith(prefix):
+            return status
+    return EXPLAINED
+
+
 @dataclass
 class Unmapped:
     module: str
     cls: str
     reason: str
+    status: str                       # one of STATUSES
+
+    @property
+    def open(self) -> bool:
+        """Neither mapped nor explained yet: the knowledge base and the agent may map it."""
+        return self.status in OPEN_STATUSES
+
+    @staticmethod
+    def from_json(d: dict) -> "Unmapped":
+        d = dict(d)
+        d.setdefault("status", status_from_reason(str(d.get("reason", ""))))
+        return Unmapped(**d)
 
 
 @dataclass
@@ -64,11 +99,11 @@ class Mapping:
         pairs = [ComponentPair(**{**p, "target": Endpoint(**p["target"]), "reference": Endpoint(**p["reference"])})
                  for p in d["pairs"]]
         return Mapping(d["target_framework"], d["reference_framework"], pairs,
-                       [Unmapped(**u) for u in d["unmapped"]], d.get("schema", SCHEMA))
+                       [Unmapped.from_json(u) for u in d["unmapped"]], d.get("schema", SCHEMA))
 
     def validate(self, target_modules: Iterable[str]) -> list[str]:
         """Every module the target ran must be mapped or explained. Returns the problems (empty = complete)."""
         covered = {p.component for p in self.pairs} | {u.module for u in self.unmapped}
         problems = [f"{m}: neither mapped nor explained" for m in target_modules if m not in covered]
-        problems += [f"{u.module}: unmapped ({u.reason})" for u in self.unmapped if u.reason.startswith("no rule")]
+        problems += [f"{u.module}: unmapped ({u.reason})" for u in self.unmapped if u.open]
         return problems

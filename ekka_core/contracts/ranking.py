@@ -12,6 +12,16 @@ from typing import Any
 # ratio so that it ranks above everything and stays valid JSON.
 NON_FINITE_RATIO = 1e9
 
+# The error ratio's denominator floor, shared by every ratio Ekka computes (per module, per token, at the logits):
+# a fraction of the dtype's unit roundoff relative to ‖Y_R‖, and never below what two correct fp32 kernels differ by.
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24}
+KERNEL_NOISE_FLOOR = 1e-5
+
+
+def noise_floor(dtype: str) -> float:
+    """Relative floor of ‖X_R − Y_R‖ (where the low-precision reference happens to equal fp32)."""
+    return max(0.25 * UNIT_ROUNDOFF.get(dtype.removeprefix("torch."), 2.0 ** -8), KERNEL_NOISE_FLOOR)
+
 
 @dataclass
 class PairResult:
@@ -24,6 +34,12 @@ class PairResult:
     input_ratio: float | None
     rel_error: float                          # ‖X_T − Y_R‖ / ‖Y_R‖, for context
     token_ratios: list[tuple[int, int, float]] = field(default_factory=list)   # (seq, pos, r)
+    # Distance from the low-precision reference in units of that reference's own rounding error:
+    # ‖X_T − X_R‖ / ‖X_R − Y_R‖ — of the output and of the input (None: inputs not compared). An input at ≈ 0 means
+    # target and reference were fed the same tensor; a correct engine then stays within a few ulps of X_R.
+    same_dtype: float | None = None
+    input_same_dtype: float | None = None
+    entered_after: int | None = None          # when the module started, on the completion clock (see ModuleCall)
 
 
 @dataclass
@@ -43,6 +59,13 @@ class Suspect:
     evidence: str
     call_file: str | None = None    # where the parent's forward calls this module (static source parse)
     call_line: int | None = None
+    # "module": the module's own computation introduces the error; "glue": the code of `module`'s forward that runs
+    # between two of its children (`between`, at `lines` of forward_file) does; "convention": the module departs
+    # from the reference's own low-precision rounding (closer to fp32 than the reference).
+    kind: str = "module"
+    between: list[str] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)      # [first, last] line of forward_file
+    same_dtype: float | None = None
 
 
 @dataclass
@@ -53,6 +76,9 @@ class Ranking:
     pairs: list[PairResult] = field(default_factory=list)
     suspects: list[Suspect] = field(default_factory=list)
     change_point: int | None = None            # index into pairs
+    # Departures from the reference's low-precision convention (suspects of kind "convention"), ranked after the
+    # ratio-level suspects; they decide the verdict only where nothing else explains an output-level difference.
+    conventions: list[Suspect] = field(default_factory=list)
     unchecked: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     inputs_differ: list[dict[str, Any]] = field(default_factory=list)

@@ -51,6 +51,9 @@ class ModuleCall:
     shared_as: str | None = None  # the registered name, when one module object serves several call sites
     mutated_after_hook: bool = False   # an output was changed in place after the hook (value kept: hook time)
     rows: str = "tokens"   # "tokens": one row per token of the step; "sampled": one row per sequence (last token)
+    # When the module was entered, on the completion clock: the index of the last call completed before it started
+    # (-1: none in the trace yet; None: not recorded). Its inputs were observed then, after that call's output.
+    entered_after: int | None = None
     inputs: list[TensorRef | str | None] = field(default_factory=list)   # str: summary of a non-tensor
     outputs: list[TensorRef | str | None] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)  # for dict-like outputs (HF ModelOutput)
@@ -96,6 +99,14 @@ class RunInfo:
     # The size-control options this trace was captured with (module regex, storage dtype, token positions): a
     # restricted trace says so, and the aligner compares only the rows both sides kept.
     trace_options: dict[str, str] = field(default_factory=dict)
+    # The engine configuration this run resolved (compile mode, custom ops, prefix caching, chunk budget, batch
+    # size: what actually ran) and each argument it set differently from the served configuration, with why.
+    resolved_config: dict[str, Any] = field(default_factory=dict)
+    config_changes: list[dict[str, Any]] = field(default_factory=list)
+    # Every module of the model (hooked calls or not): [class, qualname, class file, line, forward file, line].
+    module_classes: dict[str, list[Any]] = field(default_factory=dict)
+    # Per sequence: prompt tokens a prefix-cache hit served (those positions were not computed for it).
+    cached_tokens: list[int] = field(default_factory=list)
     complete: bool = False
     failure: str | None = None
 

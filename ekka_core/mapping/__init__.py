@@ -18,7 +18,7 @@ Entry point: :func:`map_components`. Rules, tried in order for every module the 
 A mapping is a JSON artefact: save it, edit it, load it back (:func:`Mapping.load`).
 
 **Rules off** (``map_components(..., rules=False)``, or ``EKKA_MAPPING_RULES=off`` in the environment of a
-diagnosis, CLI and language server included): every module is left ``Unmapped("no rule: …")``, so the knowledge
+diagnosis, CLI and language server included): every module is left ``Unmapped`` with status ``rules-off``, so the knowledge
 base and the mapping agent (:mod:`ekka_core.agent`) map the whole architecture. For testing and measuring the agent
 on models the rules already know; a real diagnosis keeps the rules on.
 """
@@ -28,7 +28,8 @@ from __future__ import annotations
 import os
 import typing
 
-from ekka_core.contracts.mapping import SCHEMA, ComponentPair, Endpoint, Mapping, Unmapped
+from ekka_core.contracts.mapping import (EXPLAINED, NO_RULE, RULES_OFF, SCHEMA, ComponentPair, Endpoint, Mapping,
+                                         Unmapped)
 from ekka_core.tree import ModelTree
 
 __all__ = ["SCHEMA", "ComponentPair", "Endpoint", "Mapping", "Unmapped", "map_components", "rules_enabled"]
@@ -61,7 +62,7 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
     """Map every module the target ran. ``rules`` None: on unless ``EKKA_MAPPING_RULES=off`` (see above)."""
     mapping = Mapping(target.framework, reference.framework)
     if not (rules_enabled() if rules is None else rules):
-        mapping.unmapped = [Unmapped(name, node.cls, RULES_OFF_REASON) for name, node in target.modules.items()]
+        mapping.unmapped = [Unmapped(name, node.cls, RULES_OFF_REASON, RULES_OFF) for name, node in target.modules.items()]
         return mapping
     packed: dict[str, list[str]] = target.declared.get("packed_modules_mapping", {})
     rename = target.declared.get("hf_to_vllm_mapper", {})
@@ -79,13 +80,13 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
 
         if name == "":
             mapping.unmapped.append(Unmapped(name, cls, "model root: the engine returns hidden states, the "
-                                                        "reference logits; both are compared piecewise"))
+                                                        "reference logits; both are compared piecewise", EXPLAINED))
             continue
         if cls in _NOT_COMPARABLE:
-            mapping.unmapped.append(Unmapped(name, cls, _NOT_COMPARABLE[cls]))
+            mapping.unmapped.append(Unmapped(name, cls, _NOT_COMPARABLE[cls], EXPLAINED))
             continue
         if target.framework == "sglang" and cls.endswith("DecoderLayer"):
-            mapping.unmapped.append(Unmapped(name, cls, SGLANG_LAYER_REASON))
+            mapping.unmapped.append(Unmapped(name, cls, SGLANG_LAYER_REASON, EXPLAINED))
             continue
         # 1. packed (fused) modules, from the engine's declaration
         if leaf in packed and all(ref(p) for p in packed[leaf]):
@@ -117,7 +118,8 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
             continue
         if leaf == "rotary_emb" and name not in ref_path:
             mapping.unmapped.append(Unmapped(name, cls, "the reference applies rotary embeddings with a function "
-                                                        "inside attention's forward; checked through attn"))
+                                                        "inside attention's forward; checked through attn",
+                                             EXPLAINED))
             continue
         # 5. same path (a shared module may be called from a parent other than the one it is registered under:
         # vLLM's MoE runner calls the block's router `gate`; its checkpoint name is the registered one)
@@ -136,7 +138,7 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
                 input_select="stream" if stream or "Norm" in node.cls else "first"))
             continue
         mapping.unmapped.append(Unmapped(name, cls, "no rule: no reference module at this path and no "
-                                                    "declared weight mapping"))
+                                                    "declared weight mapping", NO_RULE))
     return mapping
 
 

@@ -12,8 +12,8 @@ What happens (:mod:`ekka_core.remote.client`): connect with the user's SSH keys 
 verification always on); deploy the engine's pure-Python code (:mod:`ekka_core.remote.bundle`: a ~150 KB
 deterministic archive named by its SHA-256, uploaded by SFTP only when the host lacks that exact version, checked
 against its hash and extracted there into ``REMOTE_WORKDIR/engine/ekka-<version>-<sha16>/``); start ``python -m
-ekka_core.remote.agent`` there with that directory first on ``PYTHONPATH`` and the host's own torch / vLLM /
-SGLang (the bundle's dist-info declares Ekka's vLLM plugin, so nothing is pip-installed there); the agent runs
+ekka_core.remote.host`` there with that directory first on ``PYTHONPATH`` and the host's own torch / vLLM /
+SGLang (the bundle's dist-info declares Ekka's vLLM plugin, so nothing is pip-installed there); that process runs
 capture and analysis on the host (tensors never leave it) and streams progress; the client fetches
 report.json/md/html, mapping.json and a summary (a few tens of KB), never traces.
 
@@ -21,7 +21,7 @@ report.json/md/html, mapping.json and a summary (a few tens of KB), never traces
 ``REMOTE_WORKDIR/runs/<model>-<hash of spec and EKKA_* env>``: the same diagnosis run again lands in the same
 directory and reuses its traces.
 
-This module imports only the standard library, so the remote agent (which lives in this package) starts without
+This module imports only the standard library, so the host process (which lives in this package) starts without
 asyncssh; the client part is imported when a function below is called.
 """
 

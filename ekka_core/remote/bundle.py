@@ -25,9 +25,16 @@ PACKAGE_DIR = Path(ekka_core.__file__).resolve().parent
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
-# Code only the user's machine runs: the SSH client and the repro-script importer. The host runs the pipeline and
-# the remote agent; leaving these out keeps the one-time upload small (it counts in a first diagnosis' bytes).
-CLIENT_ONLY = {"remote/client.py", "repro.py"}
+# Code only the user's machine runs: the SSH client, the scripts it sends the host before the engine is there (run
+# from this machine's copy), and the repro-script importer (a folder: every module under it). The host runs the
+# pipeline and its host process (remote/host.py); leaving these out keeps the one-time upload small (it counts in a
+# first diagnosis' bytes).
+CLIENT_ONLY = {"remote/client.py", "remote/host_probe.py", "remote/host_install.py", "repro/"}
+
+
+def client_only(rel: str) -> bool:
+    """Whether the package-relative path ``rel`` (posix) is left out of the bundle."""
+    return rel in CLIENT_ONLY or any(rel.startswith(d) for d in CLIENT_ONLY if d.endswith("/"))
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ def _files(root: Path) -> list[Path]:
         rel = p.relative_to(root)
         if p.is_dir() or any(part in _SKIP_DIRS or part.startswith(".") for part in rel.parts):
             continue
-        if p.suffix in _SKIP_SUFFIXES or rel.as_posix() in CLIENT_ONLY:
+        if p.suffix in _SKIP_SUFFIXES or client_only(rel.as_posix()):
             continue
         out.append(p)
     return out

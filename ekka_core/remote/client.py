@@ -1,4 +1,4 @@
-"""The local half of a remote diagnosis: SSH (asyncssh), deploy, run the agent, stream progress, fetch results.
+"""The local half of a remote diagnosis: SSH (asyncssh), deploy, run the host process, stream progress, fetch results.
 
 Public entry points are in :mod:`ekka_core.remote` (this module imports asyncssh).
 """
@@ -6,7 +6,6 @@ Public entry points are in :mod:`ekka_core.remote` (this module imports asyncssh
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import io
 import json
@@ -30,7 +29,7 @@ except ImportError as e:  # pragma: no cover - the [remote] extra is missing
 
 from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
 from ekka_core.remote import HostURL, RemoteCancelled, RemoteDiagnosis, RemoteRun
-from ekka_core.remote.agent import PROTOCOL, RESULT_FILES
+from ekka_core.remote.host import PROTOCOL, RESULT_FILES
 from ekka_core.remote.bundle import Bundle, build_bundle
 
 Progress = Callable[[str, str], None]
@@ -39,84 +38,17 @@ MIN_PYTHON = (3, 11)                 # the engine uses tomllib
 LIGHT_MODULES = ("numpy", "safetensors", "ruptures", "libcst", "rich", "tokenizers", "torch", "transformers")
 TARGET_MODULES = {"vllm": ("vllm",), "sglang": ("sglang",)}
 RESULTS_LIMIT = 64 << 20             # refuse to fetch a "small" results bundle larger than this
-STDERR_TAIL = 40                     # lines of the agent's stderr kept for error messages
+STDERR_TAIL = 40                     # lines of the host process's stderr kept for error messages
 KEEPALIVE_S, KEEPALIVE_MAX = 15, 4   # a silent dead link is noticed within about a minute
 
-# Runs with the remote interpreter (passed base64-encoded: any login shell, no quoting trouble).
-# argv: WORKDIR BUNDLE_NAME SHA256 MODULES. The engine lives in WORKDIR/engine/BUNDLE_NAME/ (the archive, extracted),
-# with a .ekka-bundle.sha256 marker written last: present and equal ⇒ nothing to upload.
-_PROBE = r"""
-import glob, importlib.util, json, os, shutil, sys, time
-wd = os.path.abspath(os.path.expanduser(sys.argv[1]))
-engine = os.path.join(wd, "engine")
-try:
-    os.makedirs(engine, exist_ok=True)
-    os.makedirs(os.path.join(wd, "runs"), exist_ok=True)
-except OSError as e:
-    print(json.dumps({"workdir_error": f"cannot create {wd}: {e.strerror or e}", "workdir": wd}))
-    sys.exit(0)
-dest = os.path.join(engine, sys.argv[2])
-marker = os.path.join(dest, ".ekka-bundle.sha256")
-ready = False
-try:
-    with open(marker) as f:
-        ready = f.read().strip() == sys.argv[3]
-except OSError:
-    pass
-if ready:
-    os.utime(dest)                    # mtime = last use: engines unused for a week are removed below
-for old in glob.glob(os.path.join(engine, "*")) + glob.glob(os.path.join(engine, ".*.tmp-*")):
-    try:
-        if old != dest and os.path.getmtime(old) < time.time() - 7 * 86400:
-            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
-    except OSError:
-        pass
-missing = []
-for m in filter(None, sys.argv[4].split(",")):
-    try:
-        if importlib.util.find_spec(m) is None:
-            missing.append(m)
-    except Exception:
-        missing.append(m)
-print(json.dumps({"python": sys.executable, "version": list(sys.version_info[:3]), "workdir": wd,
-                  "engine": dest, "ready": ready, "missing": missing}))
-"""
+# Scripts the remote interpreter runs before the engine is there: standalone modules of this package, sent as the
+# script on stdin (`python - ARGS`: any login shell, no quoting of code). The engine lives in
+# WORKDIR/engine/BUNDLE_NAME/ (the archive, extracted) with a .ekka-bundle.sha256 marker written last.
+HOST_PROBE = Path(__file__).resolve().with_name("host_probe.py")        # argv: WORKDIR BUNDLE_NAME SHA256 MODULES
+HOST_INSTALL = Path(__file__).resolve().with_name("host_install.py")    # argv: ARCHIVE DEST SHA256
 
-# argv: ARCHIVE DEST SHA256. Check the uploaded archive's hash, extract it beside DEST, write the marker, rename into
-# place (atomic; a concurrent client that got there first wins), remove the archive.
-_EXTRACT = r"""
-import hashlib, json, os, shutil, sys, tarfile
-zp, dest, want = sys.argv[1:4]
-with open(zp, "rb") as f:
-    got = hashlib.sha256(f.read()).hexdigest()
-if got != want:
-    os.remove(zp)
-    print(json.dumps({"ok": False, "why": f"uploaded engine archive has sha256 {got[:16]}, expected {want[:16]}"}))
-    sys.exit(0)
-tmp = os.path.join(os.path.dirname(dest), "." + os.path.basename(dest) + ".tmp-" + str(os.getpid()))
-shutil.rmtree(tmp, ignore_errors=True)
-with tarfile.open(zp, "r:xz") as t:
-    t.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-with open(os.path.join(tmp, ".ekka-bundle.sha256"), "w") as f:
-    f.write(want + "\n")
-def complete():
-    try:
-        with open(os.path.join(dest, ".ekka-bundle.sha256")) as f:
-            return f.read().strip() == want
-    except OSError:
-        return False
-if os.path.isdir(dest) and not complete():
-    shutil.rmtree(dest, ignore_errors=True)   # an interrupted earlier extraction (no marker)
-try:
-    os.rename(tmp, dest)
-except OSError:                                # another client installed the same engine meanwhile
-    shutil.rmtree(tmp, ignore_errors=True)
-os.remove(zp)
-print(json.dumps({"ok": complete()}))
-"""
-
-# The agent gets the deployed engine first on PYTHONPATH (the host's own PYTHONPATH after it).
-_START = 'PYTHONPATH="$1${PYTHONPATH:+:$PYTHONPATH}"; export PYTHONPATH; exec "$2" -u -m ekka_core.remote.agent'
+# The host process gets the deployed engine first on PYTHONPATH (the host's own PYTHONPATH after it).
+_START = 'PYTHONPATH="$1${PYTHONPATH:+:$PYTHONPATH}"; export PYTHONPATH; exec "$2" -u -m ekka_core.remote.host'
 
 _PUT = 'cat > "$1" && mv -f "$1" "$2"'
 
@@ -138,13 +70,13 @@ class _Client(asyncssh.SSHClient):
 class _State:
     url: HostURL
     phase: str = "connecting"          # connecting · checking the remote interpreter · deploying … · running
-    stage: str = "capture"             # the last pipeline stage the agent reported
+    stage: str = "capture"             # the last pipeline stage the host process reported
     remote_out: str | None = None
     pgid: int | None = None
     hello: dict[str, Any] | None = None
     hello_seen: asyncio.Event = field(default_factory=asyncio.Event)
-    agent_started: bool = False
-    agent_ended: bool = False          # its stdout closed (or it said done): nothing left to kill
+    host_started: bool = False
+    host_ended: bool = False           # its stdout closed (or it said done): nothing left to kill
     stopping: bool = False
     payload: int = 0
     stderr: deque = field(default_factory=lambda: deque(maxlen=STDERR_TAIL))
@@ -220,21 +152,21 @@ def _doing(state: _State) -> str:
 
 
 async def _stop(conn: Any, client: _Client, state: _State, work: asyncio.Future) -> None:
-    """Kill the remote agent's process group (TERM, then KILL) over a second channel; wait for the run to end."""
+    """Kill the host process group (TERM, then KILL) over a second channel; wait for the run to end."""
     state.stopping = True
-    if state.agent_started and state.pgid is None and not client.lost and not state.agent_ended:
+    if state.host_started and state.pgid is None and not client.lost and not state.host_ended:
         try:
             await asyncio.wait_for(state.hello_seen.wait(), 15)
         except asyncio.TimeoutError:
             pass
-    if state.pgid is not None and not client.lost and not state.agent_ended:
+    if state.pgid is not None and not client.lost and not state.host_ended:
         try:
             await asyncio.wait_for(conn.run(f"sh -c {shlex.quote(_KILL)} ekka-kill {int(state.pgid)}",
                                             check=False), 30)
         except (asyncio.TimeoutError, asyncssh.Error, OSError):
             pass
     if not work.done():
-        await asyncio.wait([work], timeout=10)     # the agent's channel closes once its group is gone
+        await asyncio.wait([work], timeout=10)     # the host's channel closes once its group is gone
     if not work.done():
         work.cancel()
     elif not work.cancelled():
@@ -345,7 +277,7 @@ async def _run(conn: Any, client: _Client, state: _State, spec: Any, *, remote_p
             progress("capture", f"engine code up to date on {url.display} ({bundle.sha256[:12]})")
         state.remote_out = f"{probe['workdir']}/runs/{_run_name(spec, env)}"
         state.phase = "running"
-        done = await _agent(conn, state, probe, spec, fresh, env, progress)
+        done = await _host(conn, state, probe, spec, fresh, env, progress)
         progress("report", f"fetching the report from {url.display}")
         data = await _download(conn, done["results"], RESULTS_LIMIT)
         state.payload += len(data)
@@ -389,10 +321,7 @@ def _lost(state: _State) -> InternalFailure:
 
 async def _probe(conn: Any, state: _State, python: str, workdir: str, bundle: Bundle, spec: Any) -> dict[str, Any]:
     mods = list(LIGHT_MODULES) + list(TARGET_MODULES.get(getattr(spec, "target", ""), ()))
-    code = base64.b64encode(_PROBE.encode()).decode()
-    cmd = " ".join(shlex.quote(a) for a in (python, "-c", f"import base64;exec(base64.b64decode('{code}'))",
-                                             workdir, bundle.dir_name, bundle.sha256, ",".join(mods)))
-    res = await conn.run(cmd, check=False)
+    res = await _run_script(conn, python, HOST_PROBE, workdir, bundle.dir_name, bundle.sha256, ",".join(mods))
     out, err = str(res.stdout or ""), str(res.stderr or "")
     state.payload += len(out) + len(err)
     host = state.url.display
@@ -420,15 +349,18 @@ async def _probe(conn: Any, state: _State, python: str, workdir: str, bundle: Bu
     return probe
 
 
+async def _run_script(conn: Any, python: str, script: Path, *args: str) -> Any:
+    """``python - ARGS`` on the host with ``script``'s text as the program (stdin)."""
+    cmd = " ".join(shlex.quote(a) for a in (python, "-", *args))
+    return await conn.run(cmd, input=script.read_text(), check=False)
+
+
 async def _deploy(conn: Any, state: _State, python: str, dest: str, bundle: Bundle) -> None:
     """Upload the engine archive next to ``dest``, then have the remote check its hash and extract it into ``dest``."""
     archive = f"{dest}.tar.xz.tmp-{secrets.token_hex(4)}"
     await _upload(conn, archive, bundle.data)
     state.payload += len(bundle.data)
-    code = base64.b64encode(_EXTRACT.encode()).decode()
-    cmd = " ".join(shlex.quote(a) for a in (python, "-c", f"import base64;exec(base64.b64decode('{code}'))",
-                                             archive, dest, bundle.sha256))
-    res = await conn.run(cmd, check=False)
+    res = await _run_script(conn, python, HOST_INSTALL, archive, dest, bundle.sha256)
     try:
         verdict = json.loads(str(res.stdout or "").strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -475,13 +407,13 @@ async def _download(conn: Any, path: str, limit: int) -> bytes:
         return bytes(res.stdout)
 
 
-async def _agent(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fresh: bool,
+async def _host(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fresh: bool,
                  env: dict[str, str] | None, progress: Progress) -> dict[str, Any]:
-    """Start the agent, feed it the job, relay its events; return its ``done`` event."""
+    """Start the host process, feed it the job, relay its events; return its ``done`` event."""
     host = state.url.display
-    cmd = f"sh -c {shlex.quote(_START)} ekka-agent {shlex.quote(probe['engine'])} {shlex.quote(probe['python'])}"
+    cmd = f"sh -c {shlex.quote(_START)} ekka-host {shlex.quote(probe['engine'])} {shlex.quote(probe['python'])}"
     proc = await conn.create_process(cmd, encoding="utf-8", errors="replace")
-    state.agent_started = True
+    state.host_started = True
     job = json.dumps({"protocol": PROTOCOL, "spec": spec.to_json(), "out_dir": state.remote_out,
                       "fresh": bool(fresh), "env": dict(env or {})})
     proc.stdin.write(job + "\n")
@@ -514,10 +446,10 @@ async def _agent(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fre
                     progress(state.stage, ev.get("message", ""))
             elif kind == "done":
                 done = ev
-                break                                # fetch now; the agent's interpreter exit takes seconds
+                break                                # fetch now; the host's interpreter exit takes seconds
             elif kind == "error":
                 error = ev
-        state.agent_ended = True
+        state.host_ended = True
         if done is None:
             await proc.wait_closed()
     finally:
@@ -529,20 +461,18 @@ async def _agent(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fre
         else:
             err_task.cancel()
     if error is not None:
-        cls = BadInput if error.get("exit_code") == 2 else InternalFailure
-        detail = ""
-        if error.get("traceback"):
-            detail = "\n" + "\n".join(error["traceback"].strip().splitlines()[-6:])
-        raise cls(f"on {host}: {error.get('message')}{detail}", fix=error.get("fix"))
+        err = EkkaError.from_json(error)
+        detail = "\n" + "\n".join(err.traceback.strip().splitlines()[-6:]) if err.traceback else ""
+        raise type(err)(f"on {host}: {err.message}{detail}", fix=err.fix)
     if done is not None:
         return done
     if proc.exit_status is None and proc.exit_signal is None:
-        raise ConnectionError("the agent's channel closed without an exit status")
+        raise ConnectionError("the host process's channel closed without an exit status")
     how = (f"was killed by signal {proc.exit_signal[0]}" if proc.exit_signal
            else f"exited with status {proc.exit_status}")
     tail = "\n".join(state.stderr)[-2000:]
     if state.hello is None:
-        raise BadInput(f"Ekka's remote agent could not start on {host}: it {how}" + (f"\n{tail}" if tail else ""),
+        raise BadInput(f"Ekka's host process could not start on {host}: it {how}" + (f"\n{tail}" if tail else ""),
                        fix="check that --remote-python runs there and can import the deployed engine")
     raise InternalFailure(f"the remote run on {host} {how} during {state.stage}; its traces are kept in "
                           f"{state.remote_out}/traces" + (f"\n{tail}" if tail else ""))

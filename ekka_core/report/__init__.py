@@ -27,7 +27,9 @@ def _ratio(r: float | None, digits: int = 3) -> float | None:
     return round(r, digits) if math.isfinite(r) else NON_FINITE_RATIO
 
 
-def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any],
+                 serving: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``serving``: the configurations the diagnosis ran (served symptom check, traced baseline, triage)."""
     suspects = [{
         "rank": s.rank,
         "target": {"module": s.module, "class": s.cls, "file": s.file, "line": s.line,
@@ -43,8 +45,19 @@ def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any]
         "schema": SCHEMA, "verdict": ranking.verdict, "suspects": suspects,
         "threshold": ranking.threshold, "dtype": ranking.dtype, "spec": spec, "meta": meta,
         "checked": len(ranking.pairs), "unchecked": ranking.unchecked, "notes": ranking.notes,
-        "inputs_differ": ranking.inputs_differ, "plots": plot_data(ranking),
+        "inputs_differ": ranking.inputs_differ, "plots": plot_data(ranking), "serving": _strict(serving),
     }
+
+
+def _strict(value: Any) -> Any:
+    """Non-finite floats as NON_FINITE_RATIO, so report.json stays strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else NON_FINITE_RATIO
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
 
 
 def plot_data(ranking: Ranking) -> dict[str, Any]:
@@ -101,6 +114,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Not checked", ""] + [f"- `{u['module']}`: {u['reason']}" for u in report["unchecked"]]
     if report["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    if report.get("bisect"):
+        from ekka_core.report.bisect_section import bisect_markdown
+        lines += bisect_markdown(report["bisect"])
     return "\n".join(lines) + "\n"
 
 
@@ -192,4 +208,13 @@ the reference's own low-precision distance from it: ≈ 1 is numerical noise, ab
 <h2>Where and when</h2>{heat}
 <p>Checked {report["checked"]} component pairs.</p>
 <details><summary>{len(report["unchecked"])} not checked</summary><ul>{unchecked}</ul></details>
+{_bisect_html(report)}
 </body></html>"""
+
+
+def _bisect_html(report: dict[str, Any]) -> str:
+    """The ``ekka bisect`` section (releases tried, what changed), when the report has one."""
+    if not report.get("bisect"):
+        return ""
+    from ekka_core.report.bisect_section import bisect_html
+    return bisect_html(report["bisect"])

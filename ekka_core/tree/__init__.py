@@ -111,3 +111,32 @@ def _static_index(file: str, module: str) -> Any:
     index.on_error = "skip"
     index.add_file(file, module or None)
     return index
+
+
+def forward_span(cls: str, qualname: str, class_file: str | None, child_from: str, child_to: str
+                 ) -> tuple[str, int, int] | None:
+    """Where the ``forward`` of class ``cls`` (defined in ``class_file``) runs code between calling its child
+    ``child_from`` (``""``: the start of forward) and its child ``child_to``: (file, line of the first call, line of
+    the second). A child called from a helper method counts at the line forward calls that helper; a ModuleList
+    child (``layers``) at the line that calls its elements (``for layer in self.layers: layer(…)``)."""
+    if not class_file or not Path(class_file).is_file():
+        return None
+    index = _static_index(class_file, qualname.rpartition(".")[0])
+    calls = list(index.forward_calls(cls))
+    forward_line = next((c.forward_line for c in index.find_classes(cls) if c.forward_line), None)
+
+    def line_of(child: str) -> int | None:
+        for i, call in enumerate(calls):
+            if call.receiver == "self" and call.name.split(".", 1)[0] == child:
+                if call.via is None:
+                    return call.line
+                helper = next((c for c in reversed(calls[:i]) if c.kind == "method" and c.name == call.via
+                               and c.via is None), None)
+                return helper.line if helper else call.line
+        return None
+
+    start = line_of(child_from) if child_from else forward_line
+    end = line_of(child_to)
+    if start is None or end is None or end < start:
+        return None
+    return class_file, start, end

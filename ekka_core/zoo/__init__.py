@@ -22,7 +22,7 @@ from typing import Any
 from ekka_core.contracts.errors import BadInput
 
 # Bump when the build procedure itself changes (not needed for recipe edits: they are hashed).
-ZOO_VERSION = 4
+ZOO_VERSION = 5
 
 # Shared by every recipe: small enough to run on two CPU cores in seconds, large enough for vLLM's CPU kernels
 # (head_dim 64: the CPU attention backend rejects 16) and for sliding windows to be exceeded by a 64-token prompt.
@@ -162,6 +162,7 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
         model.save_pretrained(staging, safe_serialization=True)
         _declare_dtype(staging, CHECKPOINT_DTYPE)
         _train_tokenizer(staging, config_dict)
+        _readable_by_transformers_4(staging)
         (staging / "ekka-zoo.json").write_text(json.dumps(
             {"arch": arch, "recipe_hash": key, "seed": seed, "zoo_version": ZOO_VERSION}, indent=2))
         if target.exists():
@@ -180,6 +181,28 @@ def _declare_dtype(directory: Path, dtype: str) -> None:
     config = json.loads(cfg.read_text())
     config["dtype"] = dtype
     cfg.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _readable_by_transformers_4(directory: Path) -> None:
+    """Also write the keys transformers 4.x reads (older engine releases run with it: ``ekka bisect``,
+    ``--python``): ``torch_dtype`` beside ``dtype``, ``rope_theta`` / ``rope_scaling`` beside ``rope_parameters``
+    (4.x ignores the latter and would silently use its default theta), and the tokenizer class both know."""
+    cfg = directory / "config.json"
+    config = json.loads(cfg.read_text())
+    config.setdefault("torch_dtype", config.get("dtype"))
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        config.setdefault("rope_theta", rope["rope_theta"])
+        if rope.get("rope_type", "default") != "default":
+            config.setdefault("rope_scaling", {"type": rope["rope_type"], **{k: v for k, v in rope.items()
+                                                                            if k != "rope_theta"}})
+    cfg.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tok = directory / "tokenizer_config.json"
+    if tok.exists():
+        t = json.loads(tok.read_text())
+        if t.get("tokenizer_class") == "TokenizersBackend":
+            t["tokenizer_class"] = "PreTrainedTokenizerFast"
+            tok.write_text(json.dumps(t, indent=2, sort_keys=True) + "\n")
 
 
 def _perturb_norm_weights(model: Any, seed: int) -> None:

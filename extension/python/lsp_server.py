@@ -4,7 +4,7 @@ The extension runs ``<ekka.interpreter> <extension>/bundled/tool/lsp_server.py``
 next to this file) and its pure-Python dependencies plus the light part of ``ekka_core`` (``bundled/libs``) are
 put ahead of the interpreter's own site-packages, so the server runs with the versions it was packaged and
 tested with. ``bundled/libs`` goes on ``sys.path`` only — not on ``PYTHONPATH`` — so the diagnosis worker the
-server starts (``-m server.worker``, the user's interpreter) imports the full ``ekka_core``, torch and the engine
+server starts (``-m server.engine_process``, the user's interpreter) imports the full ``ekka_core``, torch and the engine
 from the user's environment.
 """
 

@@ -108,8 +108,9 @@ def main() -> int:
         shutil.copy2(f, tool / "server" / f.name)
     say(f"server: {', '.join(f.name for f in server_files)}")
 
-    # worker.py runs in the user's environment (full ekka_core, torch, the engine), never in the server process.
-    core = ekka_closure([f for f in server_files if f.name != "worker.py"])
+    # engine_process.py runs in the user's environment (full ekka_core, torch, the engine), never in the server
+    # process: the closure of what the server imports leaves it (and the pipeline it imports) out.
+    core = ekka_closure([f for f in server_files if f.name != "engine_process.py"])
     for f in core:
         target = libs / f.relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)

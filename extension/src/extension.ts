@@ -31,6 +31,7 @@ import {
   SHOW_DIVERGENCE_COMMAND,
 } from "./protocol";
 import { onDidChangePythonInterpreter, pythonExtensionInterpreter } from "./pythonExtension";
+import { getServerSettings } from "./settings";
 import { SECRET_KEY, clearApiKey, serverEnv, setApiKey } from "./secrets";
 import { type SourceLocation, type SuspectNode, callSiteLocation, classLocation, findSuspect } from "./suspects";
 import { OPEN_LOCATION_COMMAND, SuspectTreeProvider, openLocation } from "./tree";
@@ -151,13 +152,17 @@ class Ekka implements vscode.Disposable {
     this.setStatus("$(sync~spin) Ekka", "Ekka: starting the language server");
     let client: LanguageClient | undefined;
     try {
-      const config = vscode.workspace.getConfiguration("ekka");
-      const setting = config.get<string>("interpreter");
-      const fromPython =
-        (setting ?? "").trim() === ""
-          ? await pythonExtensionInterpreter(vscode.workspace.workspaceFolders?.[0]?.uri)
-          : undefined;
-      const interpreter = resolveInterpreter(setting, root, (p) => fs.existsSync(p), process.platform, fromPython);
+      // One typed settings object per workspace folder; the server process runs with the first folder's
+      // interpreter (the same precedence the server applies to each job's folder: interpreter.ts).
+      const settings = await getServerSettings(pythonExtensionInterpreter);
+      const first = settings.settings[0] ?? settings.globalSettings;
+      const interpreter = resolveInterpreter(
+        first.interpreter,
+        root,
+        (p) => fs.existsSync(p),
+        process.platform,
+        first.pythonInterpreter,
+      );
       const launch = serverLaunch(interpreter, root, this.bundledEntry());
       this.output.info(
         `Starting Ekka server (${launch.source}): ${launch.command} ${launch.args.join(" ")} (cwd: ${launch.cwd ?? "<none>"})`,
@@ -179,18 +184,9 @@ class Ekka implements vscode.Disposable {
         outputChannel: this.output,
         traceOutputChannel: this.output,
         revealOutputChannelOn: RevealOutputChannelOn.Never,
-        synchronize: { configurationSection: "ekka" },
-        initializationOptions: {
-          settings: {
-            interpreter,
-            target: { default: config.get<string>("target.default", "vllm") },
-            executor: config.get<string>("executor", "local"),
-            remote: {
-              python: config.get<string>("remote.python", "python3"),
-              workdir: config.get<string>("remote.workdir", "~/.cache/ekka-remote"),
-            },
-          },
-        },
+        // Settings go as typed per-folder objects (settings.ts), at start and on every change (pushSettings),
+        // never as the raw configuration section.
+        initializationOptions: settings,
         // A server that is missing or crashes is reported once in the output channel; the user restarts it
         // with "Ekka: Restart Server" instead of getting the client's repeated restart pop-ups.
         initializationFailedHandler: (error) => {
@@ -249,6 +245,18 @@ class Ekka implements vscode.Disposable {
       await client.stop();
     } catch (err) {
       this.output.warn(`Stopping the Ekka server: ${errorText(err)}`);
+    }
+  }
+
+  /** Sends every folder's settings again (after a settings or workspace-folder change). */
+  async pushSettings(): Promise<void> {
+    const client = this.client;
+    if (client === undefined) return;
+    try {
+      const settings = await getServerSettings(pythonExtensionInterpreter);
+      await client.sendNotification("workspace/didChangeConfiguration", { settings: { ekka: settings } });
+    } catch (err) {
+      this.output.warn(`Sending the settings to the Ekka server: ${errorText(err)}`);
     }
   }
 
@@ -488,8 +496,11 @@ export function activate(context: vscode.ExtensionContext): EkkaApi {
       if (e.affectsConfiguration("ekka.interpreter")) {
         output.info("ekka.interpreter changed; restarting the server.");
         void ekka.restart();
+      } else if (e.affectsConfiguration("ekka")) {
+        void ekka.pushSettings();
       }
     }),
+    vscode.workspace.onDidChangeWorkspaceFolders(() => void ekka.pushSettings()),
   );
   void onDidChangePythonInterpreter(() => {
     if ((vscode.workspace.getConfiguration("ekka").get<string>("interpreter") ?? "").trim() === "") {

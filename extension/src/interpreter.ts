@@ -15,12 +15,15 @@ export function venvInterpreter(workspaceRoot: string, platform: string): string
 }
 
 /**
- * Resolve the interpreter, first match wins:
- *  1. the `ekka.interpreter` setting, trimmed, with `${workspaceFolder}` replaced by the workspace root;
- *  2. the Python extension's active interpreter for the workspace (`fromPythonExtension`), when that extension
- *     is installed and has one (there is no hard dependency on it);
+ * Resolve the interpreter, first match wins — the one precedence Ekka uses, here for the language server and in
+ * server/settings.py (resolve_interpreter) for each job's engine process; both run the cases of
+ * test/fixtures/interpreter-precedence.json:
+ *  1. the `ekka.interpreter` setting, trimmed, with `${workspaceFolder}` replaced by the folder (an error without
+ *     one);
+ *  2. the Python extension's active interpreter for the folder (`fromPythonExtension`, trimmed), when that
+ *     extension is installed and has one (there is no hard dependency on it);
  *  3. `<root>/.venv/bin/python` (`<root>\.venv\Scripts\python.exe` on win32) when `exists` says it is there;
- *  4. `python3`.
+ *  4. the fallback: `python3` here (the server: the interpreter it runs with).
  * `exists` and `platform` are parameters so that every branch is testable on any host.
  */
 export function resolveInterpreter(

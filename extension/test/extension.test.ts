@@ -122,10 +122,15 @@ describe("activate", () => {
     assert.deepEqual(client.serverOptions.args, ["-m", "server"]);
     assert.equal(client.serverOptions.transport, lc.TransportKind.stdio);
     assert.equal(client.serverOptions.options?.cwd, tmp);
+    const folderSettings = {
+      workspace: tmp, interpreter: "/opt/python/bin/python3", pythonInterpreter: "", targetDefault: "sglang",
+      executor: "ssh://gpu1", remote: { python: "/opt/venv/bin/python", workdir: "/scratch/ekka" }, engineArgs: {},
+    };
     assert.deepEqual(client.clientOptions.initializationOptions, {
-      settings: { interpreter: "/opt/python/bin/python3", target: { default: "sglang" }, executor: "ssh://gpu1",
-                  remote: { python: "/opt/venv/bin/python", workdir: "/scratch/ekka" } },
+      settings: [folderSettings],
+      globalSettings: { ...folderSettings, workspace: "" },
     });
+    assert.equal(client.clientOptions.synchronize, undefined, "no raw configuration section is synchronised");
     assert.equal(client.clientOptions.revealOutputChannelOn, lc.RevealOutputChannelOn.Never);
     assert.equal(client.state, "running");
     assert.match(mock.statusBarItems[0].text, /Ekka/);
@@ -147,10 +152,63 @@ describe("activate", () => {
     await activate().serverReady;
     const client = onlyClient();
     assert.equal(client.serverOptions.command, "python3");
+    const defaults = {
+      workspace: tmp, interpreter: "", pythonInterpreter: "", targetDefault: "vllm", executor: "local",
+      remote: { python: "python3", workdir: "~/.cache/ekka-remote" }, engineArgs: {},
+    };
     assert.deepEqual(client.clientOptions.initializationOptions, {
-      settings: { interpreter: "python3", target: { default: "vllm" }, executor: "local",
-                  remote: { python: "python3", workdir: "~/.cache/ekka-remote" } },
+      settings: [defaults],
+      globalSettings: { ...defaults, workspace: "" },
     });
+  });
+
+  test("one settings object per workspace folder: each folder's resource settings, engineArgs included", async () => {
+    const second = path.join(tmp, "second");
+    fs.mkdirSync(second);
+    workspace.workspaceFolders = [
+      { uri: Uri.file(tmp), name: "ws", index: 0 },
+      { uri: Uri.file(second), name: "second", index: 1 },
+    ];
+    mock.settings = { interpreter: "/usr/bin/python3", engineArgs: { max_num_seqs: 8 } };
+    mock.folderSettings.set(second, {
+      interpreter: "${workspaceFolder}/env/bin/python",
+      engineArgs: { enable_prefix_caching: true, max_num_batched_tokens: 64 },
+      executor: "ssh://gpu-box",
+    });
+    await activate().serverReady;
+    const client = onlyClient();
+    const opts = client.clientOptions.initializationOptions as {
+      settings: { workspace: string; interpreter: string; engineArgs: unknown; executor: string }[];
+      globalSettings: { engineArgs: unknown };
+    };
+    assert.deepEqual(
+      opts.settings.map((s) => [s.workspace, s.interpreter, s.executor, s.engineArgs]),
+      [
+        [tmp, "/usr/bin/python3", "local", { max_num_seqs: 8 }],
+        [second, "${workspaceFolder}/env/bin/python", "ssh://gpu-box", { enable_prefix_caching: true, max_num_batched_tokens: 64 }],
+      ],
+      "the setting as written: the server substitutes ${workspaceFolder} with the job's folder",
+    );
+    assert.deepEqual(opts.globalSettings.engineArgs, { max_num_seqs: 8 });
+    assert.equal(client.serverOptions.command, "/usr/bin/python3", "the server runs with the first folder's interpreter");
+  });
+
+  test("a settings change is sent to the server as the typed per-folder objects (no restart)", async () => {
+    await activate().serverReady;
+    const client = onlyClient();
+    changeSettings({ engineArgs: { max_num_batched_tokens: 32 } });
+    await tick();
+    assert.equal(lc.LanguageClient.instances.length, 1, "not restarted");
+    assert.equal(client.sentNotifications.length, 1);
+    const { method, params } = client.sentNotifications[0] as {
+      method: string;
+      params: { settings: { ekka: { settings: { engineArgs: unknown }[] } } };
+    };
+    assert.equal(method, "workspace/didChangeConfiguration");
+    assert.deepEqual(params.settings.ekka.settings[0].engineArgs, { max_num_batched_tokens: 32 });
+    changeSettings({ interpreter: "/other/python" });
+    await tick();
+    assert.equal(lc.LanguageClient.instances.length, 2, "an interpreter change restarts the server");
   });
 
   test("a server that fails to start (missing interpreter) does not throw; the error is in the output", async () => {

@@ -1,4 +1,6 @@
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import { describe, test } from "node:test";
 import {
   FALLBACK_INTERPRETER,
@@ -123,4 +125,39 @@ describe("serverLaunch", () => {
     assert.equal(serverLaunch("python3", undefined).cwd, undefined);
     assert.equal(serverLaunch("python3", "").cwd, undefined);
   });
+});
+
+// The same cases as tests/server/test_settings.py runs against server/settings.py: one precedence in both.
+interface PrecedenceCase {
+  name: string;
+  setting: string;
+  python_extension: string;
+  root: string;
+  venv_exists: boolean;
+  platform: string;
+  expect?: string;
+  expect_fallback?: boolean;
+  error?: string;
+}
+const precedence: { cases: PrecedenceCase[] } = JSON.parse(
+  fs.readFileSync(path.join(__dirname, "..", "test", "fixtures", "interpreter-precedence.json"), "utf8"),
+);
+
+describe("interpreter precedence shared with the server (fixtures/interpreter-precedence.json)", () => {
+  test("the table has every branch", () => {
+    assert.ok(precedence.cases.length >= 8);
+    assert.ok(precedence.cases.some((c) => c.error !== undefined));
+    assert.ok(precedence.cases.some((c) => c.expect_fallback));
+  });
+  for (const c of precedence.cases) {
+    test(c.name, () => {
+      const run = () =>
+        resolveInterpreter(c.setting, c.root || undefined, () => c.venv_exists, c.platform, c.python_extension);
+      if (c.error !== undefined) {
+        assert.throws(run, new RegExp(c.error.replace(/\./g, "\\.")));
+      } else {
+        assert.equal(run(), c.expect_fallback ? FALLBACK_INTERPRETER : c.expect);
+      }
+    });
+  }
 });

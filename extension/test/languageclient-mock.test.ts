@@ -27,7 +27,8 @@ for (const name of ["TransportKind", "RevealOutputChannelOn", "CloseAction", "Er
 
 test("LanguageClient has the members the extension uses", () => {
   const proto = (real.LanguageClient as { prototype: object }).prototype;
-  for (const member of ["start", "stop", "dispose", "onNotification", "sendRequest", "diagnostics", "registerFeature"]) {
+  for (const member of ["start", "stop", "dispose", "onNotification", "sendRequest", "sendNotification", "diagnostics",
+                        "registerFeature"]) {
     assert.ok(member in proto, `LanguageClient.prototype.${member}`);
   }
 });

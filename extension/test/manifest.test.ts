@@ -78,6 +78,14 @@ test("settings: interpreter, target.default (vllm|sglang), executor (local | ssh
   assert.ok(!pattern.test(""));
 });
 
+test("settings: ekka.engineArgs is a resource-scoped object, default {}", () => {
+  const prop = manifest.contributes.configuration.properties["ekka.engineArgs"];
+  assert.equal(prop.type, "object");
+  assert.deepEqual(prop.default, {});
+  assert.equal(prop.scope, "resource", "per workspace folder");
+  assert.match(prop.markdownDescription, /engine_args/);
+});
+
 const commandTitle = (id: string) =>
   manifest.contributes.commands.find((c: { command: string }) => c.command === id) as
     | { command: string; title: string; category: string }

@@ -118,7 +118,7 @@ def test_agent_maps_the_whole_architecture_and_the_diagnosis_ranks_the_bug_first
     assert agent["usage"]["input_tokens"] > 10_000                  # the fake's size estimate, not a constant
     mapping = Mapping.load(out / "mapping.json")
     assert len(mapping.pairs) == 51 and all(p.rule.startswith("agent (agent)") for p in mapping.pairs)
-    assert [(u.module, u.reason.split(":")[0]) for u in mapping.unmapped] == [("", "agent")]
+    assert [(u.module, u.reason.split(":")[0], u.status) for u in mapping.unmapped] == [("", "agent", "agent-explained")]
     # the validator's feedback went back to the model, which fixed the order
     feedback = api.tool_results(4)[-1]
     assert feedback["is_error"] and "gate_up_proj" in feedback["content"] and "far better" in feedback["content"]
@@ -172,7 +172,7 @@ def test_aligner_fails_its_self_checks_is_corrected_and_align_applies_it(rules_o
     builtin = {ap.pair.component: ap for ap in align(map_components(t_tree, r_tree, rules=True), traces)}
     qkv = [f"model.layers.{i}.self_attn.qkv_proj" for i in range(LAYERS)]
     mapping.pairs = [p for p in mapping.pairs if p.component not in qkv]          # leave qkv to the agent
-    mapping.unmapped += [Unmapped(c, "QKVParallelLinear", "no rule: left open by the test") for c in qkv]
+    mapping.unmapped += [Unmapped(c, "QKVParallelLinear", "no rule: left open by the test", "no-rule") for c in qkv]
     propose = next(p for p in PROPOSALS if p["target_module"].endswith("qkv_proj"))
     with FakeAnthropic() as api:
         api.reply(tool_use("propose_mapping", propose),

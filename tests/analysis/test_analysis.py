@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from ekka_core.analysis import UNIT_ROUNDOFF, _first_sustained_shift, analyse, error_ratio
+from ekka_core.analysis import _first_sustained_shift, analyse, error_ratio
+from ekka_core.contracts.ranking import UNIT_ROUNDOFF
+from ekka_core.contracts.alignment import AlignmentFailure
 from ekka_core.mapping import ComponentPair, Endpoint
 
 LOG_THR = math.log10(2.0)
@@ -223,10 +225,13 @@ def test_onset_in_decode_phase_is_named():
 
 def test_alignment_failures_are_listed_as_unchecked():
     aligned, classes = _pairs(None)
-    aligned.failures.append("model.layers.0.mlp.act_fn")
+    why = "model.layers.0.mlp.act_fn ↔ model.layers.0.mlp.act_fn: shapes differ after alignment, target [8, 64] vs reference [8, 32]"
+    aligned.failures.append(AlignmentFailure("model.layers.0.mlp.act_fn", why))
     r = analyse(aligned, threshold=2.0, dtype="bfloat16", target_classes=classes, prompt_lens=[8],
                 unchecked=[{"module": "model.layers.0.self_attn.rotary_emb", "reason": "unmapped"}])
-    assert {"module": "model.layers.0.mlp.act_fn", "reason": "alignment failed"} in r.unchecked
+    # the record names the component (not the whole message) and keeps the message as the reason
+    assert {"module": "model.layers.0.mlp.act_fn", "reason": f"alignment failed: {why}"} in r.unchecked
+    assert all(" " not in u["module"] for u in r.unchecked)      # module paths, never a message
     assert {"module": "model.layers.0.self_attn.rotary_emb", "reason": "unmapped"} in r.unchecked
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ekka_core import bugs
-from ekka_core.align import _calls_by_module, _gather
+from ekka_core.align import gather_rows
 from ekka_core.capture import capture, load
 from ekka_core.capture.trace import Trace
 from ekka_core.contracts.errors import BadInput, InternalFailure
@@ -73,8 +73,8 @@ def test_module_calls_are_complete_and_in_execution_order(llama_traces):
 def test_decode_positions_line_up_with_the_teacher_forced_reference(llama_traces):
     _, (target, reference, reference_fp32), _ = llama_traces
     assert target.run.token_ids == reference.run.token_ids == reference_fp32.run.token_ids
-    t_rows = _gather(target, _calls_by_module(target), Endpoint(["model.layers.0"], select="stream"), "tokens")
-    r_rows = _gather(reference, _calls_by_module(reference), Endpoint(["model.layers.0"]), "tokens")
+    t_rows = gather_rows(target, Endpoint(["model.layers.0"], select="stream"))
+    r_rows = gather_rows(reference, Endpoint(["model.layers.0"]))
     assert set(t_rows) == set(r_rows)
     # Same fp32 computation on both sides: the last decode position agrees as well as the first prompt token.
     last = max(t_rows)
@@ -109,13 +109,12 @@ def test_tensor_parallel_traces_unshard_to_the_single_rank_tensors(llama_traces,
     tp2 = Trace(result.target)
     assert (result.target / "rank-0" / "index.json").exists() and (result.target / "rank-1" / "index.json").exists()
     assert Trace(result.target / "rank-1").run.tp_rank == 1
-    i1, i2 = _calls_by_module(tp1), _calls_by_module(tp2)
     fused = ["model.layers.0.self_attn.qkv_proj", "model.layers.1.mlp.gate_up_proj", "model.layers.2.self_attn.attn",
              "model.layers.3.mlp.act_fn", "model.layers.3", "logits_processor"]
     for module in fused:
         select = "stream" if module == "model.layers.3" else "first"
-        a = _gather(tp1, i1, Endpoint([module], select=select), "tokens")
-        b = _gather(tp2, i2, Endpoint([module], select=select), "tokens")
+        a = gather_rows(tp1, Endpoint([module], select=select))
+        b = gather_rows(tp2, Endpoint([module], select=select))
         assert set(a) == set(b), module
         ta, tb = torch.stack([a[k] for k in sorted(a)]), torch.stack([b[k] for k in sorted(a)])
         assert ta.shape == tb.shape, module
@@ -207,11 +206,10 @@ def test_tensor_parallel_workers_of_an_engine_ekka_does_not_drive_write_rank_tra
     assert (tp2_dir / "index.json").exists() and spec.dtype == "float32" and spec.target_trace == str(tp2_dir)
     tp1, tp2 = Trace(tp1_dir), Trace(tp2_dir)
     assert tp2.run.token_ids == tp1.run.token_ids
-    i1, i2 = _calls_by_module(tp1), _calls_by_module(tp2)
     for module in ("model.layers.0.self_attn.qkv_proj", "model.layers.1.mlp.gate_up_proj",
                    "model.layers.2.self_attn.attn", "model.layers.3.mlp.act_fn", "logits_processor"):
-        a = _gather(tp1, i1, Endpoint([module]), "tokens")
-        b = _gather(tp2, i2, Endpoint([module]), "tokens")
+        a = gather_rows(tp1, Endpoint([module]))
+        b = gather_rows(tp2, Endpoint([module]))
         assert set(a) == set(b), module
         ta, tb = torch.stack([a[k] for k in sorted(a)]), torch.stack([b[k] for k in sorted(a)])
         assert (ta - tb).norm() / ta.norm() < 1e-4, module

@@ -30,7 +30,7 @@ import pytest
 import torch
 from torch import nn
 
-from ekka_core.align import Traces, _calls_by_module, _gather, prove_alignment
+from ekka_core.align import Traces, gather_rows, prove_alignment
 from ekka_core.capture import hf_runner, sglang_runner, sglang_tracing
 from ekka_core.capture.rows import RowLedger
 from ekka_core.capture.sglang_tracing import BatchLayout, batch_layout
@@ -385,18 +385,17 @@ def test_rows_line_up_with_the_hf_teacher_forced_trace(sglang_run):
     target, reference = sglang_run.target, sglang_run.reference
     assert target.run.token_ids == reference.run.token_ids
     prove_alignment(Traces(target, reference, reference))   # the pipeline's own proof: ids, embeddings, layer chain
-    ti, ri = _calls_by_module(target), _calls_by_module(reference)
     modules = ["model.embed_tokens", "model.norm"] + [f"model.layers.{i}{leaf}" for i in range(4)
                                                       for leaf in ("", ".self_attn.o_proj", ".mlp")]
     for module in modules:
-        t = _gather(target, ti, Endpoint([module]), "tokens")
-        r = _gather(reference, ri, Endpoint([module]), "tokens")
+        t = gather_rows(target, Endpoint([module]))
+        r = gather_rows(reference, Endpoint([module]))
         assert set(t) == set(r) and len(t) == sum(len(ids) for ids in target.run.token_ids), module
         diff = max((t[k] - r[k]).abs().max().item() for k in t)
         assert diff < 1e-4, (module, diff)
     # logits: one row per request per pass, at its last position, against HF's logits there
-    t = _gather(target, ti, Endpoint(["logits_processor"]), "sampled")
-    r = _gather(reference, ri, Endpoint([""], select="named:logits"), "tokens")
+    t = gather_rows(target, Endpoint(["logits_processor"]))
+    r = gather_rows(reference, Endpoint([""], select="named:logits"))
     # every request of every pass (a prefill chunk's logits are computed too, and discarded by the scheduler)
     assert len(t) == sum(len({s for s in step.seq if s >= 0}) for step in target.steps)
     for key, row in t.items():
@@ -410,8 +409,8 @@ def test_tensor_parallel_ranks_are_traced_and_unsharded(fake_gpu, zoo_model, tmp
     assert Trace(out / "rank-1").run.tp_size == 2
     merged = Trace(out)
     assert merged.run.complete and merged.run.declared["unsharded_from"] == [str(out / "rank-0"), str(out / "rank-1")]
-    a = _gather(merged, merged.by_module(), Endpoint(["model.layers.3.mlp"]), "tokens")
-    b = _gather(sglang_run.target, sglang_run.target.by_module(), Endpoint(["model.layers.3.mlp"]), "tokens")
+    a = gather_rows(merged, Endpoint(["model.layers.3.mlp"]))
+    b = gather_rows(sglang_run.target, Endpoint(["model.layers.3.mlp"]))
     assert set(a) == set(b) and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 

@@ -146,7 +146,7 @@ def test_rotary_embedding_is_unmapped_with_a_reason(mapping):
         assert mapping.pair(name) is None
         u = _unmapped(mapping, name)
         assert u is not None and u.cls == "RotaryEmbedding"
-        assert u.reason and not u.reason.startswith("no rule")
+        assert u.reason and u.status == "explained" and not u.open
 
 
 def test_decoder_layer_compares_the_summed_residual_stream(mapping):
@@ -173,14 +173,14 @@ def test_sglang_decoder_layers_are_compared_through_their_parts_not_their_output
 
 def test_root_is_unmapped_with_a_reason(mapping):
     u = _unmapped(mapping, "")
-    assert u is not None and u.reason and not u.reason.startswith("no rule")
+    assert u is not None and u.reason and u.status == "explained"
 
 
 def test_module_without_counterpart_is_unmapped_and_validate_lists_it():
     target = vllm_tree(extra=[("model.layers.0.mlp.fancy_scaler", "FancyScaler", 256)])
     m = map_components(target, hf_tree())
     u = _unmapped(m, "model.layers.0.mlp.fancy_scaler")
-    assert u is not None and u.cls == "FancyScaler" and u.reason.startswith("no rule")
+    assert u is not None and u.cls == "FancyScaler" and u.status == "no-rule" and u.open
     problems = m.validate(target.modules)
     assert len(problems) == 1 and problems[0].startswith("model.layers.0.mlp.fancy_scaler")
 
@@ -189,7 +189,7 @@ def test_sampler_is_unmapped_for_a_stated_reason():
     target = vllm_tree(extra=[("sampler", "Sampler", None)])
     m = map_components(target, hf_tree())
     u = _unmapped(m, "sampler")
-    assert u is not None and u.reason and not u.reason.startswith("no rule")
+    assert u is not None and u.reason and u.status == "explained"
     assert m.validate(target.modules) == []
 
 
@@ -257,8 +257,42 @@ def test_rules_off_leaves_every_module_to_the_agent(monkeypatch):
     target = vllm_tree()
     off = map_components(target, hf_tree(), rules=False)
     assert off.pairs == [] and [u.module for u in off.unmapped] == list(target.modules)
-    assert all(u.reason == RULES_OFF_REASON and u.reason.startswith("no rule") for u in off.unmapped)
+    assert all(u.reason == RULES_OFF_REASON and u.status == "rules-off" and u.open for u in off.unmapped)
     monkeypatch.setenv("EKKA_MAPPING_RULES", "off")
     assert not rules_enabled() and map_components(target, hf_tree()).pairs == []
     assert map_components(target, hf_tree(), rules=True).pairs                 # the keyword wins
     assert rules_enabled({"EKKA_MAPPING_RULES": "on"}) and rules_enabled({})
+
+
+def test_unmapped_status_round_trips_and_old_files_infer_it_from_the_reason(mapping, tmp_path):
+    path = tmp_path / "mapping.json"
+    mapping.save(path)
+    d = json.loads(path.read_text())
+    assert {u["status"] for u in d["unmapped"]} == {"explained"}       # the status is written out
+    assert Mapping.load(path) == mapping
+    old = [("no rule: no reference module at this path", "no-rule"),
+           ("no rule: the mapping rules are disabled (EKKA_MAPPING_RULES=off)", "rules-off"),
+           ("unchecked: API timed out", "unchecked"), ("agent: a draft head", "agent-explained"),
+           ("knowledge base: a draft head", "agent-explained"),
+           ("compared as part of model.layers.0.mlp.fused (N:1)", "agent-mapped"),
+           ("model root: compared piecewise", "explained")]
+    for u in d["unmapped"]:
+        del u["status"]                                    # a mapping.json written before statuses existed
+    d["unmapped"] += [{"module": f"m{i}", "cls": "X", "reason": r} for i, (r, _) in enumerate(old)]
+    path.write_text(json.dumps(d))
+    loaded = Mapping.load(path)
+    assert [_unmapped(loaded, f"m{i}").status for i in range(len(old))] == [s for _, s in old]
+    assert [u.module for u in loaded.unmapped if u.open] == ["m0", "m1"]
+    problems = loaded.validate([])
+    assert [p.split(":")[0] for p in problems] == ["m0", "m1"]
+
+
+def test_validate_decides_by_status_not_by_the_reason_wording():
+    target = vllm_tree(extra=[("model.layers.0.mlp.fancy_scaler", "FancyScaler", 256)])
+    m = map_components(target, hf_tree())
+    u = _unmapped(m, "model.layers.0.mlp.fancy_scaler")
+    u.reason = "a hand-written reason that says nothing about rules"
+    assert len(m.validate(target.modules)) == 1                         # still open
+    u.status = "explained"
+    u.reason = "no rule: wording left over from an edit"
+    assert m.validate(target.modules) == []                             # explained, whatever the wording

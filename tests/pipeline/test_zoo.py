@@ -124,15 +124,15 @@ def test_vllm_greedy_matches_hf(arch, clean_diagnosis):
     is exactly HF's own greedy generation reproducing vLLM's (by induction over the positions)."""
     import torch
 
-    from ekka_core.align import _calls_by_module, _gather
+    from ekka_core.align import gather_rows
     from ekka_core.capture.trace import Trace
     from ekka_core.mapping import Endpoint
 
     code, out = clean_diagnosis(arch, "float32")
     assert code == 0, (out / "cli.log").read_text()[-2000:]
     target, reference = Trace(out / "traces/target"), Trace(out / "traces/reference-fp32")
-    hf = _gather(reference, _calls_by_module(reference), Endpoint([""], select="named:logits"), "tokens")
-    vl = _gather(target, _calls_by_module(target), Endpoint(["logits_processor"]), "tokens")
+    hf = gather_rows(reference, Endpoint([""], select="named:logits"))
+    vl = gather_rows(target, Endpoint(["logits_processor"]))
     problems = []
     for seq, (prompt_len, generated) in enumerate(zip(target.run.prompt_lens, target.run.generated_ids)):
         assert len(generated) == 3

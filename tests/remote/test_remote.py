@@ -93,9 +93,12 @@ def test_engine_bundle_holds_what_the_host_runs_and_not_the_client_only_code():
 
     bundle = build_bundle()
     names = set(tarfile.open(fileobj=io.BytesIO(bundle.data), mode="r:xz").getnames())
-    assert {"ekka_core/pipeline.py", "ekka_core/remote/agent.py", "ekka_core/capture/vllm_plugin.py"} <= names
+    assert {"ekka_core/pipeline.py", "ekka_core/remote/host.py", "ekka_core/capture/vllm_plugin.py",
+            "ekka_core/align/sandbox_child.py"} <= names
     assert any(n.startswith("ekka_core/agent/knowledge/") and n.endswith(".json") for n in names)
     assert not {f"ekka_core/{m}" for m in CLIENT_ONLY} & names
+    assert not any(n.startswith("ekka_core/repro/") for n in names)          # the importer's whole folder
+    assert "ekka_core/remote/host_probe.py" not in names and "ekka_core/remote/client.py" not in names
     assert not any("__pycache__" in n for n in names)
     assert build_bundle().sha256 == bundle.sha256                # deterministic: its hash decides the upload
 
@@ -261,7 +264,7 @@ def test_cancel_kills_the_remote_process_group(sshd, remote, demo_spec, tmp_path
     took = time.perf_counter() - t0
     pgid = e.value.pgid
     assert pgid and "cancelled during capture" in str(e.value)
-    assert any("ekka_core.capture.worker" in cmd for _, _, cmd in seen.get("before", [])), seen
+    assert any("ekka_core.capture.run_process" in cmd for _, _, cmd in seen.get("before", [])), seen
     left = processes_in_group(pgid)
     deadline = time.monotonic() + 5
     while left and time.monotonic() < deadline:
@@ -279,7 +282,7 @@ def test_language_server_worker_runs_the_diagnosis_on_the_executor_host(sshd, re
     import json as _json
     import shutil
 
-    from server.jobs import executor_params
+    from server.settings import WorkspaceSettings
 
     spec, env = demo_spec
     home = tmp_path / "home"
@@ -287,13 +290,14 @@ def test_language_server_worker_runs_the_diagnosis_on_the_executor_host(sshd, re
     shutil.copy(sshd.known_hosts, home / ".ssh" / "known_hosts")
     shutil.copy(sshd.client_key, home / ".ssh" / "id_ed25519")
     os.chmod(home / ".ssh" / "id_ed25519", 0o600)
-    executor = executor_params({"executor": sshd.url, "remote": {"python": remote["remote_python"],
-                                                                 "workdir": remote["remote_workdir"]}})
-    assert executor_params({"executor": "local"}) is None
+    executor = WorkspaceSettings.from_json({"executor": sshd.url, "remote": {
+        "python": remote["remote_python"], "workdir": remote["remote_workdir"]}}).executor_params()
+    assert executor == {"url": sshd.url, "python": remote["remote_python"], "workdir": remote["remote_workdir"]}
+    assert WorkspaceSettings.from_json({"executor": "local"}).executor_params() is None
     request = {"id": 1, "method": "diagnose",
                "params": {"spec": spec.to_json(), "out_dir": str(tmp_path / "out"), "env": env,
                           "executor": executor}}
-    proc = subprocess.run([sys.executable, "-m", "server.worker"], input=_json.dumps(request) + "\n",
+    proc = subprocess.run([sys.executable, "-m", "server.engine_process"], input=_json.dumps(request) + "\n",
                           capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, "HOME": str(home), "SSH_AUTH_SOCK": ""})
     replies = [_json.loads(line) for line in proc.stdout.splitlines() if line.strip()]

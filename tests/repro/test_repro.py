@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import textwrap
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from ekka_core.contracts.errors import BadInput
-from ekka_core.repro import ReproImport, import_repro, to_toml
+from repro_scripts import roundtrip as _roundtrip, write_script as _script
+from ekka_core.repro import import_repro, to_toml
 from ekka_core.contracts.spec import DiagnosisSpec
 
 
-def _script(tmp_path: Path, source: str, name: str = "repro.py") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(source).lstrip("\n"))
-    return path
-
-
-def _roundtrip(tmp_path: Path, result: ReproImport) -> DiagnosisSpec:
-    spec_file = tmp_path / "spec.ekka.toml"
-    spec_file.write_text(result.to_toml())
-    return DiagnosisSpec.from_toml(spec_file)
 
 
 GEMMA = '''
@@ -78,11 +68,11 @@ def test_module_level_bindings_and_vllm_module_call(tmp_path: Path) -> None:
     assert f["max_new_tokens"] == 64
     assert f["prompts"] == ["Hello, my name is", "You are terse. The capital of France is",
                             'Line one\nline "two" \\ end']
-    assert f["engine_args"] == {"tensor_parallel_size": 2, "trust_remote_code": True,
+    assert f["engine_args"] == {"tensor_parallel_size": 2, "trust_remote_code": True, "enforce_eager": True,
                                 "gpu_memory_utilization": 0.85, "max_model_len": 4096,
                                 "hf_overrides": {"rope_scaling": {"type": "linear", "factor": 2.0}}}
     assert result.unknown == []
-    assert any("enforce_eager" in n and "line 15" in n for n in result.notes)
+    assert not any("enforce_eager" in n for n in result.notes)   # the served configuration: kept, not dropped
     assert any("temperature 0.8" in n and "greedy" in n for n in result.notes)
     assert any("top_p=0.95" in n for n in result.notes)
     spec = _roundtrip(tmp_path, result)
@@ -110,9 +100,9 @@ def test_sglang_engine_script(tmp_path: Path) -> None:
     assert result.fields == {"model": "meta-llama/Llama-3.2-1B-Instruct", "target": "sglang", "reference": "hf",
                              "dtype": "bfloat16", "max_new_tokens": 16,
                              "prompts": ["The future of AI is", "Write a haiku about GPUs."],
-                             "engine_args": {"context_length": 1024, "mem_fraction_static": 0.7}}
+                             "engine_args": {"context_length": 1024, "mem_fraction_static": 0.7,
+                                             "disable_cuda_graph": True}}
     assert result.unknown == []
-    assert any("disable_cuda_graph" in n for n in result.notes)
     assert _roundtrip(tmp_path, result) == DiagnosisSpec(**result.fields)
 
 
@@ -129,7 +119,7 @@ def test_sglang_from_import_engine_single_prompt(tmp_path: Path) -> None:
     assert result.fields["engine_args"] == {"tp_size": 1}
 
 
-def test_chat_messages_recorded_and_reported(tmp_path: Path) -> None:
+def test_chat_messages_become_the_specs_messages(tmp_path: Path) -> None:
     path = _script(tmp_path, '''
         from vllm import LLM, SamplingParams
 
@@ -141,20 +131,16 @@ def test_chat_messages_recorded_and_reported(tmp_path: Path) -> None:
         out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=20))
     ''')
     result = import_repro(path)
-    assert result.messages == [[{"role": "system", "content": "You are a helpful assistant."},
-                                {"role": "user", "content": "What is 2+2?"}]]
-    assert "prompts" not in result.fields  # never guessed: the chat template decides the text
-    (chat,) = [u for u in result.unknown if u.field == "prompts"]
-    assert chat.line == 8 and "llm.chat" in chat.snippet and "chat template" in chat.hint
-    assert any("chat templating" in n for n in result.notes)
+    conversation = [{"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "What is 2+2?"}]
+    assert result.fields["messages"] == conversation       # each framework renders it with its own template
+    assert "prompts" not in result.fields                  # never rendered into guessed text
+    assert result.unknown == [] and result.complete
+    assert any("llm.chat at line 8" in n and "own chat template" in n for n in result.notes)
     assert result.fields["max_new_tokens"] == 20 and result.fields["dtype"] == "bfloat16"
-    assert not result.complete
-    text = result.to_toml()
-    assert "What is 2+2?" in text  # the conversation is in the spec file, as a comment
-    spec = DiagnosisSpec.from_toml(_write(tmp_path, text))
-    assert spec.prompts == []
-    with pytest.raises(BadInput, match="no prompt given"):
-        spec.validate()
+    spec = DiagnosisSpec.from_toml(_write(tmp_path, result.to_toml()))
+    assert spec.messages == conversation and spec.prompts == [] and spec == result.spec()
+    assert [r.kind for r in spec.request_list()] == ["messages"]
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -222,13 +208,19 @@ def test_loop_over_prompts_and_repetition(tmp_path: Path) -> None:
             print(llm.generate(prompt, params))
     ''')
     result = import_repro(path)
-    assert result.fields["prompts"] == ["a b c", "a b c", "xy"]
+    # one generate per iteration: each prompt a request sent once the previous one has finished
+    assert "prompts" not in result.fields
+    assert result.fields["requests"] == [{"id": "0", "prompt": "a b c"}, {"id": "1", "prompt": "a b c", "after": "0"},
+                                         {"id": "2", "prompt": "xy", "after": "1"}]
+    assert result.fields["max_new_tokens"] == 4
     assert result.fields["dtype"] == "float32"
     assert result.fields["model"] == "facebook/opt-125m"
+    assert result.fields["engine_args"] == {"seed": 0}      # kept: the served configuration
     assert result.unknown == []
     assert any("loop" in n and "line 7" in n for n in result.notes)
-    assert any("seed" in n for n in result.notes)
     assert any("temperature unset" in n for n in result.notes)  # vLLM samples by default
+    spec = _roundtrip(tmp_path, result)
+    assert spec.waves() == [[0], [1], [2]] and [r.prompt for r in spec.request_list()] == ["a b c", "a b c", "xy"]
 
 
 def test_hf_generate_is_not_the_engine(tmp_path: Path) -> None:
@@ -261,11 +253,12 @@ def test_engines_that_disagree_are_reported(tmp_path: Path) -> None:
     ''')
     result = import_repro(path)
     assert result.fields["model"] == "m/x"
-    assert result.fields["prompts"] == ["same prompt"]  # the same batch twice counts once
+    assert result.fields["prompts"] == ["same prompt"]  # the same requests to two engines count once
     assert "max_model_len" not in result.fields["engine_args"]
-    (u,) = result.unknown
+    eager, u = result.unknown                            # sorted by line, then field
     assert u.field == "engine_args.max_model_len" and u.line == 3
     assert "line 3: 1024" in u.reason and "line 4: 2048" in u.reason
+    assert eager.field == "engine_args.enforce_eager" and "line 3: True" in eager.reason
 
 
 def test_unsupported_dtype_and_token_ids(tmp_path: Path) -> None:
@@ -277,7 +270,8 @@ def test_unsupported_dtype_and_token_ids(tmp_path: Path) -> None:
     result = import_repro(path)
     fields = {u.field: u for u in result.unknown}
     assert fields["dtype"].line == 2 and "float8_e4m3fn" in fields["dtype"].reason
-    assert fields["prompts"].line == 3 and "token ids" in fields["prompts"].reason
+    assert result.fields["prompt_token_ids"] == [[1, 2, 3]]     # vLLM's older keyword: the ids, imported
+    assert set(fields) == {"dtype"}
 
 
 def test_script_is_never_executed(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Static Model Tree (ekka_core/tree/static.py): libcst parsing of model sources without importing them.
+"""Static Model Tree (ekka_core/tree/static/): libcst parsing of model sources without importing them.
 
 Real sources: the installed vLLM and HF Transformers llama files, and SGLang's llama/qwen2 files fetched from the
 sglang wheel by scripts/fetch_sglang_sources.sh (cached under .ekka-cache/sglang-src; sglang is never installed).
@@ -21,10 +21,7 @@ import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ekka_core.contracts.errors import BadInput
-from ekka_core.tree.static import (
-    StaticIndex, StaticModule, line_table, locate_source_of, module_name_for, parse_module_source,
-    static_index_for_tree,
-)
+from ekka_core.tree.static import StaticIndex, line_table, locate_source_of, module_name_for, parse_module_source
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FETCH = REPO_ROOT / "scripts" / "fetch_sglang_sources.sh"
@@ -200,7 +197,7 @@ def test_synthetic_module_semantics(synth: Path) -> None:
     assert calls == [("layers", "layer", True), ("blocks", None, True), ("head", None, False)]
 
 
-def test_index_lookup_inheritance_source_and_json(synth: Path) -> None:
+def test_index_lookup_inheritance_and_source(synth: Path) -> None:
     index = StaticIndex.from_files([synth])
     assert index.get_class("pkg.models.toy.Attn") is index.get_class("Attn")
     assert index.get_class("Nope") is None
@@ -218,15 +215,11 @@ def test_index_lookup_inheritance_source_and_json(synth: Path) -> None:
     with pytest.raises(BadInput, match="Nope"):
         index.class_source("Nope")
 
-    mod = index.modules[str(synth)]
-    data = json.loads(json.dumps(mod.to_json()))
-    back = StaticModule.from_json(data)
-    assert back.classes["Attn"].submodules == mod.classes["Attn"].submodules
-    assert back.classes["Attn"].forward_calls == mod.classes["Attn"].forward_calls
-    assert back.classes["Model"].to_json() == mod.classes["Model"].to_json()
-    text = index.render(["Attn"])
-    assert "qkv_proj=QKVParallelLinear:22" in text and "forward:37" in text
-    assert "attn=attn_cls→EncoderOnlyAttention|Attention:24" in text
+    attn = index.get_class("Attn")
+    assert (attn.submodules["qkv_proj"].constructor, attn.submodules["qkv_proj"].line) == ("QKVParallelLinear", 22)
+    assert attn.forward_line == 37
+    sub = attn.submodules["attn"]
+    assert (sub.via, sub.constructor, sub.candidates, sub.line) == ("attn_cls", "EncoderOnlyAttention", ["Attention"], 24)
 
 
 def test_syntax_error_names_the_file(tmp_path: Path) -> None:
@@ -240,9 +233,10 @@ def test_syntax_error_names_the_file(tmp_path: Path) -> None:
         parse_module_source(tmp_path / "missing.py")
 
     (tmp_path / "good.py").write_text("class B:\n    x = 1\n")
+    files = sorted(tmp_path.glob("*.py"))
     with pytest.raises(BadInput, match="broken_model.py"):
-        StaticIndex.from_package_dir(tmp_path)
-    index = StaticIndex.from_package_dir(tmp_path, on_error="skip")
+        StaticIndex.from_files(files)
+    index = StaticIndex.from_files(files, on_error="skip")
     assert index.get_class("B").literal("x") == 1
     assert list(index.errors) == [str(bad)]
 
@@ -297,7 +291,8 @@ def test_vllm_llama(vllm_llama: Path) -> None:
     model = index.get_class("LlamaModel")
     assert (model.submodules["layers"].kind, model.submodules["layers"].element) == ("list", "LlamaDecoderLayer")
     assert index.find_forward_call("LlamaModel", "layers").alias == "layer"
-    assert "WeightsMapper" in json.dumps(model.to_json())                  # hf_to_vllm_mapper with its literals
+    mapper = model.literal("hf_to_vllm_mapper")                            # a constructor with its literals
+    assert mapper["call"] == "WeightsMapper" and mapper["kwargs"]
 
     # every class line equals Python's ast; class source is the exact decorator..end slice
     for n in tree.body:
@@ -323,6 +318,27 @@ def test_line_provider_matches_position_provider(which: str, vllm_llama: Path) -
     assert kinds.get("Call", 0) >= 50 and kinds.get("ClassDef", 0) >= 5 and kinds.get("FunctionDef", 0) >= 10
 
 
+@pytest.mark.parametrize("which", ["vllm", "transformers"])
+def test_the_public_position_provider_fallback_parses_the_same(which: str, vllm_llama: Path, monkeypatch) -> None:
+    """Should libcst lose the internals the lean pass uses, line_table falls back to PositionProvider: the parse
+    (every class's and method's lines, every call line) must come out the same."""
+    from ekka_core.tree.static import lines
+
+    path = vllm_llama if which == "vllm" else locate_source_of("transformers.models.llama.modeling_llama")
+    module = cst.parse_module(path.read_bytes())
+    assert lines.LEAN and line_table(module, lean=False) == line_table(module)
+
+    def shape(mod):
+        return {name: (c.line, c.end_line, c.first_line,
+                       {m.name: (m.line, m.end_line, [x.line for x in m.calls]) for m in c.methods.values()},
+                       [(x.name, x.line) for x in c.forward_calls], {k: v.line for k, v in c.submodules.items()})
+                for name, c in mod.classes.items()}
+
+    lean = shape(parse_module_source(path))
+    monkeypatch.setattr(lines, "LEAN", False)
+    assert shape(parse_module_source(path)) == lean
+
+
 def test_finding_and_parsing_import_nothing(vllm_llama: Path) -> None:
     """find_spec on the top-level name plus parsing must not import vllm, transformers or sglang."""
     code = textwrap.dedent("""
@@ -345,13 +361,13 @@ def test_finding_and_parsing_import_nothing(vllm_llama: Path) -> None:
 
 def test_lazy_index_over_vllm_models_dir(vllm_llama: Path) -> None:
     models = vllm_llama.parent
-    index = StaticIndex.from_package_dir(models, "*.py", lazy=True)
+    index = StaticIndex.from_files(sorted(models.glob("*.py")), lazy=True)
     assert index.modules == {}                                  # nothing parsed until asked
     qwen = index.get_class("Qwen2Attention")
     assert qwen is not None and Path(qwen.file).name == "qwen2.py"
     assert len(index.modules) <= 3
     assert index.get_class("vllm.model_executor.models.llama.LlamaMLP").name == "LlamaMLP"
-    assert index.ensure_module("vllm.model_executor.models.llama") is index.modules[str(vllm_llama)]
+    assert index.modules[str(vllm_llama)].module == "vllm.model_executor.models.llama"   # parsed for that lookup
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -440,16 +456,18 @@ def test_sglang_models_parse_without_sglang(sglang_root: Path) -> None:
     assert index.get_class("Qwen2Model").submodules["layers"].element == "Qwen2DecoderLayer"
     stacked = index.get_class("LlamaForCausalLM").literal("stacked_params_mapping")
     assert (".qkv_proj", ".q_proj", "q") in stacked and (".gate_up_proj", ".up_proj", 1) in stacked
-    assert "QKVParallelLinear" in index.render(["Qwen2Attention"])
+    assert index.get_class("Qwen2Attention").submodules["qkv_proj"].constructor == "QKVParallelLinear"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Joining with the dynamic tree
 
-def test_static_index_for_tree(vllm_llama: Path, tmp_path: Path) -> None:
+def test_static_index_from_tree(vllm_llama: Path, tmp_path: Path) -> None:
+    """The index the mapping agent reads class sources from (ekka_core.agent.source): lazy, over the tree's files."""
     node = SimpleNamespace(class_file=str(vllm_llama), qualname="vllm.model_executor.models.llama.LlamaAttention")
     gone = SimpleNamespace(class_file=str(tmp_path / "gone.py"), qualname="x.Gone")
     tree = SimpleNamespace(modules={"model.layers.0.self_attn": node, "other": gone})
-    index = static_index_for_tree(tree)
+    index = StaticIndex.from_tree(tree)
+    assert index.modules == {}                                  # lazy: nothing parsed yet
     assert index.get_class(node.qualname).submodules["qkv_proj"].constructor == "QKVParallelLinear"
     assert module_name_for(vllm_llama) == "vllm.model_executor.models.llama"

@@ -48,6 +48,7 @@ export class LanguageClient {
   state: "constructed" | "running" | "startFailed" | "stopped" | "disposed" = "constructed";
   readonly notificationHandlers = new Map<string, (params: unknown) => void>();
   readonly requests: { method: string; params: unknown }[] = [];
+  readonly sentNotifications: { method: string; params: unknown }[] = [];
   diagnosticsCleared = 0;
   readonly diagnostics = { clear: () => void this.diagnosticsCleared++ };
   readonly features: unknown[] = [];
@@ -111,6 +112,13 @@ export class LanguageClient {
       throw behavior.requestError;
     }
     return behavior.requestResult;
+  }
+
+  async sendNotification(method: string, params: unknown): Promise<void> {
+    if (this.state !== "running") {
+      throw new Error("Client is not running");
+    }
+    this.sentNotifications.push({ method, params });
   }
 
   /** Test helper: deliver a server notification as the real client would. */

@@ -219,6 +219,9 @@ export interface MockState {
   messages: { level: "info" | "warning" | "error"; text: string }[];
   /** Settings under the "ekka" section, e.g. { interpreter: "/usr/bin/python3" }. */
   settings: Record<string, unknown>;
+  /** Resource-scoped overrides per workspace folder (its fsPath), read by getConfiguration("ekka", folderUri). */
+  folderSettings: Map<string, Record<string, unknown>>;
+  workspaceFolderListeners: Listener<unknown>[];
   configListeners: Listener<{ affectsConfiguration(section: string): boolean }>[];
 }
 
@@ -239,6 +242,8 @@ export const mock: MockState = {
   statusBarItems: [],
   messages: [],
   settings: {},
+  folderSettings: new Map(),
+  workspaceFolderListeners: [],
   configListeners: [],
 };
 
@@ -434,11 +439,15 @@ export const workspace: {
 } = {
   workspaceFolders: undefined,
   openTextDocument,
-  getConfiguration(section?: string) {
+  getConfiguration(section?: string, scope?: Uri | { uri: Uri }) {
     const prefix = section ? `${section}.` : "";
+    const uri = scope instanceof Uri ? scope : scope?.uri;
+    const folder = uri === undefined ? undefined : mock.folderSettings.get(uri.fsPath);
     const lookup = (key: string): unknown => {
       const full = prefix + key;
-      return full.startsWith("ekka.") ? mock.settings[full.slice("ekka.".length)] : undefined;
+      if (!full.startsWith("ekka.")) return undefined;
+      const name = full.slice("ekka.".length);
+      return folder !== undefined && name in folder ? folder[name] : mock.settings[name];
     };
     return {
       get<T>(key: string, defaultValue?: T): T | undefined {
@@ -447,6 +456,13 @@ export const workspace: {
       },
       has: (key: string) => lookup(key) !== undefined,
     };
+  },
+  onDidChangeWorkspaceFolders(listener: Listener<unknown>): Disposable {
+    mock.workspaceFolderListeners.push(listener);
+    return new Disposable(() => {
+      const i = mock.workspaceFolderListeners.indexOf(listener);
+      if (i >= 0) mock.workspaceFolderListeners.splice(i, 1);
+    });
   },
   onDidChangeConfiguration(listener: Listener<{ affectsConfiguration(section: string): boolean }>): Disposable {
     mock.configListeners.push(listener);
@@ -507,6 +523,8 @@ export function resetVscodeMock(): void {
   mock.statusBarItems.length = 0;
   mock.messages.length = 0;
   mock.settings = {};
+  mock.folderSettings.clear();
+  mock.workspaceFolderListeners.length = 0;
   mock.configListeners.length = 0;
   window.activeTextEditor = undefined;
   workspace.workspaceFolders = undefined;

@@ -1,6 +1,6 @@
-"""The worker process: runs :func:`ekka_core.pipeline.diagnose` for the language server.
+"""The engine process: runs :func:`ekka_core.pipeline.diagnose` for the language server.
 
-``<interpreter> -m server.worker`` speaks newline-delimited JSON-RPC 2.0 on stdin/stdout (see
+``<interpreter> -m server.engine_process`` speaks newline-delimited JSON-RPC 2.0 on stdin/stdout (see
 :mod:`server.protocol`). It is the only process of the editor integration that imports torch, vLLM and
 transformers; the language server starts it in a new session and kills the whole process group to cancel,
 which also ends the capture subprocesses the engine starts.
@@ -11,7 +11,6 @@ stderr, so anything the engine or a library prints lands in the log instead of c
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -21,6 +20,9 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
+from ekka_core.contracts.env import check_ekka_env
+from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
+from ekka_core.contracts.trace_index import TraceIndex
 from server.protocol import decode, encode, heavy_modules, stage_percent, worker_error
 
 
@@ -61,7 +63,6 @@ class Worker:
         return {"pid": os.getpid(), "python": sys.executable, "heavy_modules": heavy_modules()}
 
     def diagnose(self, msg_id: Any, params: dict[str, Any]) -> dict[str, Any]:
-        from ekka_core.contracts.errors import BadInput
         from ekka_core.contracts.spec import DiagnosisSpec
 
         fields = params.get("spec")
@@ -76,10 +77,9 @@ class Worker:
         if not out_dir:
             raise BadInput("no output directory given", fix="pass out_dir")
         env = params.get("env") or None
-        if env is not None and (not isinstance(env, dict)
-                                or not all(isinstance(k, str) and k.startswith("EKKA_") and isinstance(v, str)
-                                           for k, v in env.items())):
-            raise BadInput("env must map EKKA_* names to strings", fix="pass only EKKA_* variables in env")
+        problem = check_ekka_env(env)
+        if problem:
+            raise BadInput(f"env {problem}", fix="pass only EKKA_* variables in env")
 
         seen: dict[str, int] = {}
 
@@ -93,9 +93,6 @@ class Worker:
             from ekka_core.pipeline import diagnose
             result = diagnose(spec, Path(out_dir), fresh=bool(params.get("fresh")), progress=progress, env=env)
         else:
-            import signal
-            import threading
-
             from ekka_core.remote import DEFAULT_REMOTE_PYTHON, DEFAULT_REMOTE_WORKDIR, run_remote_diagnosis
 
             # Capture and analysis run on the host (tensors stay there); only the report comes back. The server
@@ -112,15 +109,12 @@ class Worker:
 
 
 def _error(e: BaseException) -> dict[str, Any]:
-    from ekka_core.contracts.errors import EkkaError
-
     if isinstance(e, EkkaError):
-        return worker_error(e.message, e.fix, e.exit_code)
+        return worker_error(e)
     tb = traceback.format_exc()
     print(tb, file=sys.stderr, flush=True)
-    err = worker_error(f"internal error: {type(e).__name__}: {e}", "see the Ekka output for the traceback", 3)
-    err["data"]["traceback"] = tb
-    return err
+    return worker_error(InternalFailure(f"internal error: {type(e).__name__}: {e}",
+                                        fix="see the Ekka output for the traceback"), traceback=tb)
 
 
 def _modules(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -133,14 +127,13 @@ def _modules(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if not traces:
         return out
     try:
-        index = json.loads((Path(traces) / "target" / "index.json").read_text())
-    except (OSError, ValueError):
+        index = TraceIndex(Path(traces) / "target")
+    except (EkkaError, OSError, KeyError, TypeError):
         return out
-    for call in index.get("calls", []):
-        name = call.get("module")
-        if name in wanted and name not in out and call.get("class_file"):
-            out[name] = {"class": call.get("cls"), "file": call.get("class_file"), "line": call.get("class_line"),
-                         "forward_file": call.get("forward_file"), "forward_line": call.get("forward_line")}
+    for call in index.calls:
+        if call.module in wanted and call.module not in out and call.class_file:
+            out[call.module] = {"class": call.cls, "file": call.class_file, "line": call.class_line,
+                                "forward_file": call.forward_file, "forward_line": call.forward_line}
     return out
 
 

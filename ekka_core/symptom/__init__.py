@@ -1,0 +1,55 @@
+"""Stage 0 — the symptom check: is there a bug at all, in a given engine configuration, at the output level?
+
+Entry point: :func:`check_symptom`. The engine ran untraced (exactly as configured) and reported, at every position
+it sampled, its top-k logprobs; the reference was teacher-forced on the same ids in the same low precision (X) and
+in fp32 (Y) (:func:`ekka_core.capture.run_engine`). Per sampled position, over the engine's top-k token ids, the
+same error ratio as per module::
+
+    r = ‖lp_T − lp_Y‖ / max(‖lp_X − lp_Y‖, floor)
+
+≈ 1 when the engine's output distribution is as close to fp32 as the reference's own low-precision run, ≫ 1 when
+it is not. The run diverges when the ratio over all positions exceeds the threshold. It is the fastest answer to
+"is there a bug?", it sees what hooks cannot (a compiled graph), and the report leads with it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ekka_core.contracts.ranking import noise_floor
+from ekka_core.contracts.serving import EngineOutputs, PositionRatio, SymptomCheck
+
+
+def check_symptom(outputs: EngineOutputs, scores: dict[str, Any], *, threshold: float, label: str | None = None
+                  ) -> SymptomCheck:
+    floor_rel = noise_floor(outputs.dtype)
+    low = {r["request"]: r["steps"] for r in scores["low"]["requests"]}
+    high = {r["request"]: r["steps"] for r in scores["fp32"]["requests"]}
+    num2 = den2 = ref2 = 0.0
+    positions: list[PositionRatio] = []
+    for r in outputs.requests:
+        start = len(r.prompt_token_ids) - 1
+        for j, (top, x, y) in enumerate(zip(r.logprobs, low.get(r.request, []), high.get(r.request, []))):
+            tokens = x["tokens"]
+            a = np.array([top[t] for t in tokens])
+            xs, ys = np.array(x["logprobs"]), np.array(y["logprobs"])
+            num, den, ref = (float(np.linalg.norm(v)) for v in (a - ys, xs - ys, ys))
+            num2, den2, ref2 = num2 + num * num, den2 + den * den, ref2 + ref * ref
+            ratio = num / max(den, floor_rel * ref, 1e-30)
+            matches = j < len(r.generated) and r.generated[j] == y["argmax"]
+            positions.append(PositionRatio(r.request, start + j, _finite(ratio), bool(matches)))
+    overall = math.sqrt(num2) / max(math.sqrt(den2), floor_rel * math.sqrt(ref2), 1e-30) if positions else 0.0
+    check = SymptomCheck(label=label or outputs.label, ratio=_finite(overall), diverges=overall > threshold,
+                         threshold=threshold, positions=positions,
+                         cached_tokens=sum(r.num_cached_tokens for r in outputs.requests))
+    check.first = next((p for p in positions if p.ratio > threshold), None) if check.diverges else None
+    if not positions:
+        check.note = "the engine returned no logprobs to compare"
+    return check
+
+
+def _finite(r: float) -> float:
+    return r if math.isfinite(r) else 1e9
