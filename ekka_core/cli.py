@@ -293,7 +293,7 @@ def _bench(args: argparse.Namespace) -> int:
         names = args.case
 
     def show(r: "bench.CaseResult") -> None:
-        mark = "[green]pass[/]" if r.passed_at_1 else ("[yellow]pass@3[/]" if r.passed_at_3 else "[red]FAIL[/]")
+        mark = "[green]pass[/]" if r.passed_at_1 else ("[yellow]pass[/]" if r.passed else "[red]FAIL[/]")
         out.print(f"{mark} {r.case}: verdict {r.verdict}, rank {r.rank}, top {r.top} ({r.seconds:.0f} s)"
                   + (f" — {r.error}" if r.error else ""))
 
@@ -304,7 +304,7 @@ def _bench(args: argparse.Namespace) -> int:
     (args.out / "bench.md").write_text(table + "\n")
     out.print(table)
     cases = summary["cases"]
-    return 0 if all(c["passed_at_3"] for c in cases) else 1
+    return 0 if all(c["passed"] for c in cases) else 1
 
 
 def _bisect(args: argparse.Namespace, rest: list[str]) -> int:

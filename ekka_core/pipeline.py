@@ -29,7 +29,7 @@ from typing import Any, Callable
 from ekka_core import __version__
 from ekka_core.agent import AgentConfig, AgentOutcome, complete_mapping
 from ekka_core.align import Traces, align
-from ekka_core.analysis import Ranking, analyse
+from ekka_core.analysis import Ranking, analyse, convention_noise
 from ekka_core.capture import CaptureResult, EngineRun, capture, load, run_engine, score_run
 from ekka_core.capture.scores import scores_from_traces
 from ekka_core.capture.trace import Trace
@@ -44,6 +44,11 @@ from ekka_core.tree import build_tree, call_site, forward_span
 from ekka_core.triage import triage
 
 Progress = Callable[[str, str], None]   # (stage, message)
+
+# How far a correct engine's sampled logprobs are from the reference's in the same dtype, in units of that reference's
+# own rounding error (SymptomCheck.same_dtype): the largest clean value over every zoo architecture, from the noise
+# model (benchmarks/convention_noise.py), with a margin. Above it, an output-level difference needs an explanation.
+OUTPUT_SAME_DTYPE_NOISE = 1.25 * (convention_noise().get("output_same_dtype") or 1.2)
 
 
 @dataclass
@@ -231,6 +236,8 @@ class _Run:
 
         result = triage(served_check, traced_check, differing, ruled_out, run_trial)
         serving.triage = result
+        if "compilation" in result.culprit:
+            self._narrow_compilation(result, resolved)
         keep = [f for f in result.culprit if f in TRACEABLE_FACTORS]
         if result.direction != "served-diverges" or not keep:
             return ranking, agent
@@ -247,9 +254,33 @@ class _Run:
         self.meta["culprit_target"] = _describe(target)
         return culprit_ranking, culprit_agent
 
+    def _narrow_compilation(self, result: Triage, resolved: dict[str, Any]) -> None:
+        """Hooks cannot see into a compiled graph; narrow it as far as the engine allows: the culprit configuration
+        with torch.compile's ``eager`` backend (Dynamo captures the same graphs, Inductor generates no code)."""
+        serving = self.serving
+        assert serving is not None
+        args, _ = configuration(serving.served_args, resolved, result.culprit)
+        args["compilation_config"] = {**args.get("compilation_config", {}), "backend": "eager"}
+        label = "culprit with compile backend eager"
+        try:
+            narrow = run_engine(self.spec, self.out_dir / "runs" / "trial-compile-backend-eager", args, label=label,
+                                fresh=self.fresh, env=self.env, progress=lambda m: self.progress("capture", m))
+        except EkkaError as e:
+            result.trials.append(Trial(result.culprit + ["backend=eager"], args, None, None, error=str(e)))
+            return
+        check = check_symptom(narrow.outputs, narrow.scores, threshold=self.spec.threshold, label=label)
+        result.trials.append(Trial(result.culprit + ["backend=eager"], args, check.ratio, check.diverges,
+                                   seconds=narrow.outputs.seconds))
+        result.words += ("; with torch.compile's eager backend (Dynamo graphs, no Inductor code) it still diverges: "
+                         "the graph capture or vLLM's own passes, not Inductor's generated code"
+                         if check.diverges else
+                         "; with torch.compile's eager backend (Dynamo graphs, no Inductor code) it does not: "
+                         "Inductor's generated code makes the difference")
+
     def _combine(self, ranking: Ranking) -> None:
         """The verdict says what users see: a served configuration that diverges at the output level is divergent
         even where no traceable module explains it (a compiled graph); that is never reported as consistent."""
+        self._conventions_decide(ranking)
         serving = self.serving
         if serving is None or serving.served_check is None:
             return
@@ -260,6 +291,41 @@ class _Run:
                 "no traced module departs from the reference"
             ranking.notes.insert(0, f"the served configuration diverges at the output level (ratio {served.ratio:.2f}) "
                                     f"but {why}")
+
+    def _conventions_decide(self, ranking: Ranking) -> None:
+        """Departures from the reference's own rounding rank below ratio-level divergences, which decide the verdict
+        when there are any. Otherwise a departure decides it — the engine's output differs from the reference's in
+        the same dtype, and nothing else explains that — when it is beyond the noise of correct engines: at a step
+        correct engines reproduce bit for bit (clean noise 0 in the noise model: any departure is a different
+        computation), or with logprobs farther from the same-dtype reference than correct engines' ever are
+        (:data:`OUTPUT_SAME_DTYPE_NOISE`). A departure within noise is listed, and the verdict stays consistent."""
+        if not ranking.conventions:
+            return
+        if ranking.verdict == "divergent":
+            for i, c in enumerate(ranking.conventions, len(ranking.suspects) + 1):
+                c.rank = i
+            return
+        checks = [c for c in ((self.serving.served_check, self.serving.traced_check) if self.serving else ())
+                  if c is not None and c.same_dtype is not None]
+        apart = max((c.same_dtype for c in checks), default=None)
+        exact = [c for c in ranking.conventions if c.noise == 0.0]
+        differs = apart is None or apart > 0
+        for i, c in enumerate(ranking.conventions, 1):
+            c.rank = i
+        if differs and (exact or (apart is not None and apart > OUTPUT_SAME_DTYPE_NOISE)):
+            ranking.verdict = "divergent"
+            ranking.suspects = list(ranking.conventions)
+            why = (f"correct engines reproduce this step bit for bit (noise model: 0 over clean runs of every zoo "
+                   f"architecture), this one does not" if exact else
+                   f"the engine's logprobs are {apart:.2f}× the reference's own rounding away from the reference's "
+                   f"{ranking.dtype} run (correct engines: ≤ {OUTPUT_SAME_DTYPE_NOISE:.2f})")
+            out = f" (its logprobs are {apart:.2f}× the reference's rounding from the {ranking.dtype} reference)" \
+                if apart is not None else ""
+            ranking.notes.insert(0, f"no module departs from fp32 more than the reference does, but the engine "
+                                    f"departs from the reference's {ranking.dtype} rounding{out}: {why}")
+        else:
+            ranking.notes.append("departures from the reference's rounding were found (listed), within the noise of "
+                                 "correct engines and without an output-level effect beyond it: not a divergence")
 
     # -- endings -----------------------------------------------------------------------------------------------
     def _inputs_differ(self, differ: list[dict[str, Any]], *, where: str) -> Diagnosis:

@@ -58,6 +58,14 @@ else
   say "python environment ready"
 fi
 
+# SGLang's own Python sources (pinned), for the tests that check Ekka's SGLang capture against them on a CPU
+# machine (tests/capture/test_sglang_real_sources.py): the wheel is downloaded once, never installed; a no-op when
+# already extracted.
+sglang_version="${EKKA_SGLANG_VERSION:-0.5.23}"
+if ! PYTHON="$venv/bin/python" bash scripts/fetch_sglang_sources.sh "$sglang_version" 'sglang/*.py' >/dev/null 2>>"$log"; then
+  die "could not fetch the sglang $sglang_version sources from PyPI (see the end of $log)"
+fi
+
 # Node side: `npm ci` from the committed lock file, skipped while the lock file is unchanged.
 if [ -f package-lock.json ]; then
   command -v npm >/dev/null 2>&1 || die "npm is not installed: install Node.js 20 (Debian: apt-get install nodejs npm)"

@@ -16,7 +16,6 @@ from typing import Any, Callable, Iterable
 from lsprotocol import types
 
 from ekka_core.contracts.report import fmt_ratio
-from ekka_core.sources import short_path
 
 from server.protocol import (CLIENT_SHOW_DIVERGENCE, CODE_SUSPECT, CODE_SUSPECT_CALL, CODE_SUSPECT_FORWARD,
                              DIAGNOSTIC_SOURCE)

@@ -42,20 +42,27 @@ def zoo_model(zoo_dir: Path) -> Callable[..., Path]:
 
 @pytest.fixture(scope="session")
 def clean_diagnosis(zoo_model, tmp_path_factory) -> Callable[[str, str], tuple[int, Path]]:
-    """``clean_diagnosis(arch, dtype)`` → (exit code, OUTDIR) of ``ekka diagnose`` on the clean zoo model, run once
-    per (arch, dtype) per session through the real CLI and shared by the tests that inspect it."""
+    """``clean_diagnosis(arch, dtype)`` → (exit code, OUTDIR) of ``ekka diagnose --spec`` on the clean zoo model, run
+    once per (arch, dtype) per session through the real CLI and shared by the tests that inspect it.
+
+    The spec is a scenario as users send it: two prompts of different lengths together, then a chat conversation
+    (rendered by each framework's own chat template), served eager (the symptom check runs it as served: prefix
+    caching, chunked prefill and batching on; the trace runs the isolated baseline)."""
     import subprocess
     import sys
+
+    from ekka_core.repro import to_toml
 
     done: dict[tuple[str, str], tuple[int, Path]] = {}
 
     def run(arch: str, dtype: str) -> tuple[int, Path]:
         if (arch, dtype) not in done:
             out = tmp_path_factory.mktemp(f"clean-{arch}-{dtype}")
-            cmd = [sys.executable, "-m", "ekka_core.cli", "diagnose", "--model", str(zoo_model(arch)),
-                   "--target", "vllm", "--reference", "hf", "--dtype", dtype, "--max-new-tokens", "3",
-                   "--prompt", CLEAN_PROMPTS[0], "--prompt", CLEAN_PROMPTS[1], "--out", str(out)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            spec = out / "clean.ekka.toml"
+            spec.write_text(to_toml({"model": str(zoo_model(arch)), "dtype": dtype, "max_new_tokens": 3,
+                                     "engine_args": {"enforce_eager": True}, "requests": CLEAN_REQUESTS}))
+            cmd = [sys.executable, "-m", "ekka_core.cli", "diagnose", "--spec", str(spec), "--out", str(out)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             (out / "cli.log").write_text(proc.stdout + proc.stderr)
             done[(arch, dtype)] = (proc.returncode, out)
         return done[(arch, dtype)]
@@ -69,3 +76,7 @@ CLEAN_PROMPTS = [
     "The capital of France is Paris.",
     "Sliding window attention only sees",
 ]
+CLEAN_MESSAGES = [{"role": "system", "content": "You answer in one short sentence."},
+                  {"role": "user", "content": "What is the capital of France?"}]
+CLEAN_REQUESTS = [{"id": "a", "prompt": CLEAN_PROMPTS[0]}, {"id": "b", "prompt": CLEAN_PROMPTS[1]},
+                  {"id": "chat", "messages": CLEAN_MESSAGES, "after": "a"}]

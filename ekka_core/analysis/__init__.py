@@ -43,9 +43,11 @@ Every evidence sentence states what its numbers say: "agrees" only with a ratio 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -57,13 +59,31 @@ from ekka_core.contracts.ranking import NON_FINITE_RATIO, PairResult, Ranking, S
 __all__ = ["NON_FINITE_RATIO", "PairResult", "Ranking", "Suspect", "analyse", "error_ratio", "GlueLocator",
            "CONVENTION_IDENTICAL", "CONVENTION_DISTANCE", "CONVENTION_CLOSER"]
 
-# Reference-convention check (calibrated on clean runs of every zoo architecture; benchmarks/convention_noise.py):
-# inputs count as identical below this distance (in units of the reference's own rounding error) …
+# Reference-convention check. Inputs count as identical below this distance (in units of the reference's own
+# rounding error) …
 CONVENTION_IDENTICAL = 0.05
-# … and an output departs from the reference's rounding when it is at least this far from X_R …
-CONVENTION_DISTANCE = 0.5
-# … while being clearly closer to fp32 than X_R is.
-CONVENTION_CLOSER = 0.6
+# … and an output departs from the reference's rounding when it is farther from X_R than correct engines ever are for
+# that class — at least this far, and several times the class's clean maximum (the noise model, measured on clean
+# runs of every zoo architecture by benchmarks/convention_noise.py and shipped as convention_noise.json) …
+CONVENTION_DISTANCE = 0.25
+CONVENTION_NOISE_FACTOR = 4.0
+# … while being closer to fp32 than X_R is.
+CONVENTION_CLOSER = 0.95
+# A class with no clean measurement has no noise model: no claim is made about it.
+NOISE_MODEL_FILE = Path(__file__).with_name("convention_noise.json")
+
+
+def convention_noise() -> dict[str, Any]:
+    """The shipped noise model: {"classes": {target class: largest clean distance}, "glue": …, "measured": …}."""
+    try:
+        return json.loads(NOISE_MODEL_FILE.read_text())
+    except (OSError, ValueError):
+        return {"classes": {}, "glue": None}
+
+
+def departure_distance(noise: float | None) -> float | None:
+    """How far from X_R an output must be to depart from the reference's rounding, given a class's clean noise."""
+    return None if noise is None else max(CONVENTION_DISTANCE, CONVENTION_NOISE_FACTOR * noise)
 
 # (innermost module running both calls, its child containing the first, its child containing the second) → the
 # forward's file and the first and last source line between the two call sites; supplied by the pipeline (the
@@ -89,6 +109,7 @@ class _Obs:
     port: str            # "output" | "input"
     time: float
     ratio: float
+    same: float | None = None    # distance from the low-precision reference, in units of its own rounding error
 
 
 def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_classes: dict[str, dict[str, Any]],
@@ -109,9 +130,8 @@ def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_class
     if not results:
         ranking.notes.append("no mapped pair could be compared")
         return ranking
-    ranking.conventions = _conventions(results, threshold, target_classes, prompt_lens, dtype, locate)
-
     observations = _observations(results)
+    ranking.conventions = _conventions(results, observations, target_classes, dtype, locate)
     log_r = np.log10(np.array([max(_finite(o.ratio), 1e-6) for o in observations]))
     start = _first_sustained_shift(log_r, math.log10(threshold))
     if start is None:
@@ -161,9 +181,10 @@ def _observations(results: list[PairResult]) -> list[_Obs]:
     an outer module's input before an inner one's at the same moment), sorted on that one clock."""
     obs = []
     for i, p in enumerate(results):
-        obs.append(_Obs(i, "output", float(p.order), p.error_ratio))
+        obs.append(_Obs(i, "output", float(p.order), p.error_ratio, p.same_dtype))
         if p.input_ratio is not None and p.entered_after is not None:
-            obs.append(_Obs(i, "input", p.entered_after + 0.5 + 1e-3 * p.component.count("."), p.input_ratio))
+            obs.append(_Obs(i, "input", p.entered_after + 0.5 + 1e-3 * p.component.count("."), p.input_ratio,
+                            p.input_same_dtype))
     obs.sort(key=lambda o: (o.time, o.port != "input"))
     return obs
 
@@ -277,7 +298,7 @@ def _add_enclosing(suspects: list[Suspect], results: list[PairResult], classes: 
             c = classes[parent]
             if pr is not None:
                 onset, phase = _onset(pr, threshold, prompt_lens)
-                ratio_words = (f"its output error ratio is {pr.error_ratio:.1f}" if pr.error_ratio > threshold
+                ratio_words = (f"its output departs too (error ratio {pr.error_ratio:.1f})" if pr.error_ratio > threshold
                                else f"its output agrees with the reference (ratio {pr.error_ratio:.2f})")
                 s = Suspect(len(suspects) + 1, parent, pr.cls, c.get("file"), c.get("line"), c.get("forward_file"),
                             c.get("forward_line"), pr.reference_modules, pr.error_ratio, pr.input_ratio, onset, phase,
@@ -327,9 +348,12 @@ def _ancestor(a: str, b: str) -> str:
     return ".".join(common)
 
 
+CONTAINERS = ("ModuleList", "ModuleDict")
+
+
 def _real_module(path: str, classes: dict[str, dict[str, Any]]) -> str:
-    """``path`` or its nearest enclosing module that has a forward of its own (a ModuleList entry has none)."""
-    while path and (re.fullmatch(r"(.*\.)?\d+", path) or path not in classes):
+    """``path`` or its nearest enclosing module that has a forward of its own (a ModuleList has none)."""
+    while path and (path not in classes or classes[path].get("cls") in CONTAINERS):
         path = path.rsplit(".", 1)[0] if "." in path else ""
     return path
 
@@ -401,26 +425,57 @@ def _onset(p: PairResult, threshold: float, prompt_lens: list[int]) -> tuple[int
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def _conventions(results: list[PairResult], threshold: float, classes: dict[str, dict[str, Any]],
-                 prompt_lens: list[int], dtype: str, locate: GlueLocator | None) -> list[Suspect]:
-    """Modules fed the same tensor as the low-precision reference whose output departs from it by as much as the
-    reference's own rounding, towards fp32 (see the module docstring). Only in a low precision: in fp32 the
-    reference's two runs are one."""
+def _conventions(results: list[PairResult], obs: list[_Obs], classes: dict[str, dict[str, Any]], dtype: str,
+                 locate: GlueLocator | None) -> list[Suspect]:
+    """Where the target was fed the same tensor as the low-precision reference and yet departs from it by as much
+    as the reference's own rounding, towards fp32 (see the module docstring): a module's computation (its input, or
+    the observation just before it, identical) or the code a parent runs between two children (the output just
+    before identical, the next input departing). Only in a low precision: in fp32 the reference's two runs are one.
+    At most one finding per module, in execution order."""
     if dtype == "float32":
         return []
+    model = convention_noise()
     found: list[Suspect] = []
-    for p in results:
-        if p.input_same_dtype is None or p.input_same_dtype > CONVENTION_IDENTICAL:
+    seen: set[str] = set()
+    for k, o in enumerate(obs):
+        p = results[o.pair]
+        noise = model.get("glue") if o.port == "input" else model.get("classes", {}).get(p.cls)
+        needed = departure_distance(noise)
+        if needed is None or o.same is None or o.same < needed or o.ratio > CONVENTION_CLOSER:
             continue
-        if p.same_dtype is None or p.same_dtype < CONVENTION_DISTANCE or p.error_ratio > CONVENTION_CLOSER:
+        if o.port == "output" and p.input_same_dtype is not None:
+            fed, fed_words = p.input_same_dtype, "fed the same input as"
+        else:
+            prev = _previous(results, obs, k)
+            if prev is None or prev.same is None:
+                continue
+            fed = prev.same
+            fed_words = (f"right after {results[prev.pair].component}'s {prev.port}, which is identical to"
+                         if o.port == "input" else "its input identical to")
+        if fed > CONVENTION_IDENTICAL:
             continue
-        c = classes.get(p.component, {})
-        evidence = (f"departs from the reference's {dtype} rounding: fed the same input as the reference's {dtype} run "
-                    f"(input distance {p.input_same_dtype:.2f}), its output differs from that run by "
-                    f"{p.same_dtype:.2f}× the reference's own rounding error, and is closer to fp32 than the "
-                    f"reference (error ratio {p.error_ratio:.2f}): it keeps a precision the checkpoint's reference "
+        where = _glue_suspect(results, obs, k, 0, float("inf"), classes, [], locate) if o.port == "input" else None
+        module = where.module if where is not None else p.component
+        if module in seen:
+            continue
+        seen.add(module)
+        c = classes.get(module, {})
+        what = (f"the input of {p.component}" if o.port == "input" else "its output")
+        kind_words = "code between two modules" if o.port == "input" else f"a {p.cls}"
+        evidence = (f"departs from the reference's {dtype} rounding: {fed_words} the reference's {dtype} run "
+                    f"(distance {fed:.2f}), {what} differs from that run by {o.same:.2f}× the reference's own "
+                    f"rounding error (correct engines: at most {noise:.2f} for {kind_words}), and is closer to fp32 "
+                    f"than the reference (error ratio {o.ratio:.2f}): it keeps a precision the checkpoint's reference "
                     f"rounds away (a constant or intermediate kept in fp32)")
-        found.append(Suspect(0, p.component, p.cls, c.get("file"), c.get("line"), c.get("forward_file"),
-                             c.get("forward_line"), p.reference_modules, p.error_ratio, p.input_ratio, None, None,
-                             evidence, kind="convention", same_dtype=p.same_dtype))
+        s = Suspect(0, module, c.get("cls", p.cls), c.get("file"), c.get("line"), c.get("forward_file"),
+                    c.get("forward_line"), p.reference_modules, o.ratio, p.input_ratio, None, None, evidence,
+                    kind="convention", same_dtype=o.same, noise=noise)
+        if where is not None:
+            s.between, s.lines, s.forward_file = where.between, where.lines, where.forward_file or s.forward_file
+            s.evidence += f"; in {module}'s forward between {where.between[0] or 'its start'} and {where.between[1]}"
+            if where.lines:
+                s.evidence += f" ({(s.forward_file or '').rsplit('/', 1)[-1]}:{where.lines[0]}–{where.lines[1]})"
+        found.append(s)
+        if len(found) >= 3:
+            break
     return found

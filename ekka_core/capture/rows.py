@@ -14,6 +14,7 @@ class RowLedger:
     tokens: dict[str, dict[int, int | None]] = field(default_factory=dict)
     repeats: dict[tuple[str, int], int] = field(default_factory=dict)   # positions computed more than once
     problems: list[str] = field(default_factory=list)                    # layouts that could not be read
+    cached: list[int] = field(default_factory=list)      # per sequence (after sequences()): prefix-cache hit length
 
     def see(self, reqs: list[Any], pos: list[int], input_ids: Any, problem: str | None = None) -> None:
         """One forward step: request id and position per row (None: padding), the ``input_ids`` tensor fed."""
@@ -28,16 +29,27 @@ class RowLedger:
                 self.repeats[(rid, p)] = self.repeats.get((rid, p), 1) + 1
             fed[p] = tok
 
-    def sequences(self, prompt_len: dict[str, int]) -> tuple[dict[str, int], list[list[int]], list[int], str | None]:
+    def sequences(self, prompt_len: dict[str, int], prompts: dict[str, list[int]] | None = None
+                  ) -> tuple[dict[str, int], list[list[int]], list[int], str | None]:
         """What the rows say each request ran: (sequence of each request, in order of arrival; its token ids;
-        its prompt length, from ``prompt_len`` or all of them; what is missing)."""
+        its prompt length, from ``prompt_len`` or all of them; what is missing). A request whose first computed
+        position is past 0 had a prefix-cache hit: its first tokens come from ``prompts`` (the engine's request
+        state) and are recorded in :attr:`cached`; any other gap is a problem."""
         seq_by_req, token_ids, prompt_lens, problems = {}, [], [], []
+        self.cached = []
         for rid, fed in self.tokens.items():
             n = max(fed) + 1
+            first = min(fed)
+            prompt = (prompts or {}).get(rid)
+            if first > 0 and prompt is not None and first <= len(prompt):
+                fed = {**{p: prompt[p] for p in range(first)}, **fed}     # served from the prefix cache
+                self.cached.append(first)
+            else:
+                self.cached.append(0)
             gaps = [p for p in range(n) if p not in fed]
             if gaps:
-                problems.append(f"request {rid}: positions {gaps[:4]} were never computed (prefix caching reused "
-                                "them); restart the engine with prefix caching off (--no-enable-prefix-caching)")
+                problems.append(f"request {rid}: positions {gaps[:4]} were never computed and their tokens are not "
+                                "known; restart the engine with prefix caching off (--no-enable-prefix-caching)")
             elif any(fed[p] is None for p in range(n)):
                 problems.append(f"request {rid}: the model was fed embeddings, not token ids")
             seq_by_req[rid] = len(token_ids)

@@ -72,7 +72,7 @@ def engine_args(spec: DiagnosisSpec) -> dict[str, Any]:
             raise BadInput(f"engine_args.{key}={value!r}: {why}",
                            fix=f"remove {key} from the spec's engine_args{fixed}")
     args: dict[str, Any] = {
-        "model_path": spec.model, "dtype": spec.dtype, "random_seed": 0,
+        "model_path": spec.model, "dtype": spec.declared_dtype(), "random_seed": 0,
         **{k: wanted for k, (wanted, _) in _REQUIRED.items()},
         # One forward at a time in the scheduler's thread: the traced steps are the engine's passes, in order.
         "disable_overlap_schedule": True,
@@ -160,7 +160,12 @@ def run(spec: DiagnosisSpec, out_dir: Path) -> dict[str, Any]:
 def _traced_generate(engine: Any, sglang: Any, args: dict[str, Any], spec: DiagnosisSpec, out_dir: Path
                      ) -> dict[str, Any]:
     manager = engine.tokenizer_manager
-    own_ids = [list(manager.tokenizer.encode(p)) for p in spec.prompts]
+    requests = spec.request_list()
+    if any(r.messages is not None for r in requests) or len(spec.waves()) > 1:
+        raise BadInput("chat messages and request scenarios are supported on the vLLM target only",
+                       fix="send prompt text or token ids, all together, to SGLang")
+    own_ids = [list(manager.tokenizer.encode(r.prompt)) if r.prompt is not None else list(r.prompt_token_ids or [])
+               for r in requests]
     context_len = getattr(manager, "context_len", None)
     for i, ids in enumerate(own_ids):
         if context_len and len(ids) + spec.max_new_tokens > context_len:
@@ -169,7 +174,7 @@ def _traced_generate(engine: Any, sglang: Any, args: dict[str, Any], spec: Diagn
                            fix="shorten the prompt, lower --max-new-tokens or raise engine_args.context_length")
     rids = [f"{REQUEST_ID_PREFIX}{i}" for i in range(len(own_ids))]
     run_info = RunInfo(framework="sglang", framework_version=str(sglang.__version__), role="target",
-                       model=spec.model, dtype=spec.dtype, prompts=list(spec.prompts),
+                       model=spec.model, dtype=spec.declared_dtype(), prompts=spec.labels(),
                        engine_args={k: v for k, v in args.items() if k != "model_path"})
     seq_by_rid = {r: i for i, r in enumerate(rids)}
     prompt_lens = [len(p) for p in own_ids]

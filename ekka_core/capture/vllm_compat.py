@@ -155,9 +155,26 @@ def engine_args_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
+def llm_arg_names() -> set[str]:
+    """Every keyword ``LLM(...)`` accepts: its own parameters and the ``EngineArgs`` fields it passes on."""
+    import inspect
+
+    llm = resolve("vllm.LLM", "vllm.entrypoints.llm.LLM")
+    return engine_args_fields() | (set(inspect.signature(llm.__init__).parameters) - {"self", "kwargs"})
+
+
 def unknown_engine_args(names: Iterable[str]) -> list[str]:
-    known = engine_args_fields()
+    known = llm_arg_names()
     return sorted(n for n in names if n not in known)
+
+
+def compilation_mode_of(compilation_config: Any) -> int:
+    """The resolved compilation mode of a ``CompilationConfig`` (``mode`` from 0.11, ``level`` before)."""
+    for name in ("mode", "level"):
+        value = getattr(compilation_config, name, None)
+        if value is not None:
+            return int(value)
+    raise CompatError("vllm.config.CompilationConfig.mode")
 
 
 def compilation_off() -> dict[str, Any]:
@@ -205,6 +222,17 @@ def logits_processor_module() -> Any:
 
 def logits_processor_class() -> type:
     return logits_processor_module().LogitsProcessor
+
+
+def vllm_config_of(llm: Any) -> Any:
+    """The ``VllmConfig`` an ``LLM`` resolved its arguments into."""
+    engine = require_attr(llm, "llm_engine", "vllm.LLM.llm_engine")
+    config = getattr(engine, "vllm_config", None)
+    if config is None and hasattr(engine, "get_vllm_config"):
+        config = engine.get_vllm_config()
+    if config is None:
+        raise CompatError("vllm.LLM.llm_engine.vllm_config")
+    return config
 
 
 def current_vllm_config() -> Any:

@@ -115,16 +115,23 @@ def configuration(served: dict[str, Any], served_resolved: dict[str, Any] | None
     compilation = dict(compilation or {})
     resolved = factor_values(served_resolved or {})
 
+    # An argument the user left unset is shown with the value the served engine resolved it to.
+    resolved_as = {"enforce_eager": "enforce_eager", "compilation_config.mode": "compilation_mode",
+                   "enable_prefix_caching": "enable_prefix_caching",
+                   "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
+                   "compilation_config.custom_ops": "custom_ops"}
+
     def change(arg: str, value: Any, factor: str) -> None:
         was = _get(served, arg)
+        if was is None and served_resolved and arg in resolved_as:
+            was = served_resolved.get(resolved_as[arg])
         if was != value:
             changes.append(ConfigChange(arg, was, value, WHY[factor]))
 
     if "compilation" not in keep:
         change("enforce_eager", True, "compilation")
         args["enforce_eager"] = True
-        if compilation.get("mode") not in (None, 0):
-            change("compilation_config.mode", 0, "compilation")
+        change("compilation_config.mode", 0, "compilation")
         compilation["mode"] = 0
     if "custom_ops" in keep:
         # The served engine's own selection, made explicit: under compilation vLLM resolves it to ["none"] (every

@@ -61,9 +61,15 @@ def _autostart(directory: Path) -> None:
 
         if vllm_tracing.active() is None and not getattr(self, "_ekka_started", False):
             self._ekka_started = True
+            from ekka_core.capture.vllm_runner import resolved_from_config
+
+            # What the served engine resolved (compile mode, custom ops, prefix caching, …): the served
+            # configuration, kept in the trace.
+            resolved = resolved_from_config(self.vllm_config) if hasattr(self, "vllm_config") else {}
             vllm_tracing.start_on_runner(self, str(directory), {"framework": "vllm", "role": "target",
                                                                 "model": str(self.model_config.model),
-                                                                "dtype": str(self.model_config.dtype)},
+                                                                "dtype": str(self.model_config.dtype),
+                                                                "resolved_config": resolved},
                                          served=True)
             # Engine processes started by multiprocessing leave through os._exit, which skips atexit; its own
             # exit finalizers still run (and in a plain process they run from atexit). Closing twice is a no-op.

@@ -94,7 +94,11 @@ def _start(args: dict[str, Any], model: str) -> Any:
 
 def resolved_config(llm: Any) -> dict[str, Any]:
     """What the engine made of its arguments: the values each configuration factor really has in this run."""
-    vc = llm.llm_engine.vllm_config
+    return resolved_from_config(llm.llm_engine.vllm_config)
+
+
+def resolved_from_config(vc: Any) -> dict[str, Any]:
+    """:func:`resolved_config` from a ``VllmConfig`` (inside an engine process: the served-trace plugin)."""
     cc, sc, cache, mc = vc.compilation_config, vc.scheduler_config, vc.cache_config, vc.model_config
     return {"enforce_eager": bool(mc.enforce_eager), "compilation_mode": int(cc.mode),
             "compilation_backend": str(cc.backend), "custom_ops": list(cc.custom_ops),

@@ -138,6 +138,7 @@ class ServedRequests:
     def __init__(self) -> None:
         self.rows = RowLedger()
         self.prompt_len: dict[str, int] = {}
+        self.prompts: dict[str, list[int]] = {}
 
     def see(self, reqs: list[Any], pos: list[int], input_ids: Any, requests: dict[str, Any]) -> None:
         for rid in reqs:
@@ -145,14 +146,16 @@ class ServedRequests:
                 prompt = getattr(requests.get(rid), "prompt_token_ids", None)
                 if prompt is not None:
                     self.prompt_len[rid] = len(prompt)
+                    self.prompts[rid] = list(prompt)
         self.rows.see(reqs, pos, input_ids)
 
     def write_into(self, tracer: ModuleTracer, failure: str | None = None) -> None:
         """Name every recorded step's sequences and phases and write the index: complete unless a step failed,
         a request's tokens are not all known, or no hook fired."""
-        seq_by_req, token_ids, prompt_lens, problem = self.rows.sequences(self.prompt_len)
+        seq_by_req, token_ids, prompt_lens, problem = self.rows.sequences(self.prompt_len, self.prompts)
         run = tracer.writer.run
         run.token_ids, run.prompt_lens = token_ids, prompt_lens
+        run.cached_tokens = list(self.rows.cached)
         run.generated_ids = [ids[n:] for ids, n in zip(token_ids, prompt_lens)]
         tracer.resolve_steps(lambda rid: seq_by_req.get(rid, -1), prompt_lens)
         failure = failure or problem or (None if tracer.fired else "no module hook fired: the model ran under "

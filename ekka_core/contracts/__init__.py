@@ -9,6 +9,8 @@ JSON round-trip, versioned (a ``schema`` string) where it is written to a file o
                  the served engine configuration
 ``trace_index``  a trace's index (run metadata, steps, module calls), readable without torch
 ``mapping``      target ↔ reference component pairs, unmapped components with an explicit status
+``alignment``    a pair the align stage could not align: the component and why
 ``ranking``      per-pair results, suspects, the ranking analysis hands to the report
-``report``       the ``ekka.report/1`` schema's headline and helpers shared by every shell
+``report``       the ``ekka.report/1`` schema's headline (and its short form), error-ratio formatting
+``env``          the ``EKKA_*`` environment a diagnosis may be handed from outside (editor, remote job)
 """

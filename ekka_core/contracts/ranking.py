@@ -66,6 +66,7 @@ class Suspect:
     between: list[str] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)      # [first, last] line of forward_file
     same_dtype: float | None = None
+    noise: float | None = None      # convention: the largest distance correct engines show there (noise model)
 
 
 @dataclass

@@ -119,6 +119,9 @@ class SymptomCheck:
     positions: list[PositionRatio] = field(default_factory=list)
     first: PositionRatio | None = None      # the first position (per request order) that diverges
     cached_tokens: int = 0
+    # ‖lp_T − lp_X‖ / ‖lp_X − lp_Y‖: how far the engine's logprobs are from the reference's in the same dtype, in
+    # units of that reference's own rounding error (an engine can be close to fp32 and far from the reference).
+    same_dtype: float | None = None
     note: str = ""
 
     def words(self) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ekka_core.contracts.ranking import NON_FINITE_RATIO, Ranking
 from ekka_core.contracts.report import SCHEMA, headline
+from ekka_core.report.serving_section import serving_html, serving_markdown
 from ekka_core.sources import short_path
 
 __all__ = ["SCHEMA", "build_report", "headline", "plot_data", "render_html", "render_markdown", "write_report"]
@@ -30,22 +31,30 @@ def _ratio(r: float | None, digits: int = 3) -> float | None:
 def build_report(ranking: Ranking, *, spec: dict[str, Any], meta: dict[str, Any],
                  serving: dict[str, Any] | None = None) -> dict[str, Any]:
     """``serving``: the configurations the diagnosis ran (served symptom check, traced baseline, triage)."""
-    suspects = [{
-        "rank": s.rank,
-        "target": {"module": s.module, "class": s.cls, "file": s.file, "line": s.line,
-                   "forward_file": s.forward_file, "forward_line": s.forward_line,
-                   "call_file": s.call_file, "call_line": s.call_line},
-        "reference": {"modules": s.reference_modules},
-        # NaN marks an enclosing module that was not itself compared (see analysis._rank)
-        "error_ratio": None if math.isnan(s.error_ratio) else _ratio(s.error_ratio),
-        "input_ratio": _ratio(s.input_ratio),
-        "onset_token": s.onset_token, "onset_phase": s.onset_phase, "evidence": s.evidence,
-    } for s in ranking.suspects]
+    suspects = [_suspect_json(s) for s in ranking.suspects]
     return {
         "schema": SCHEMA, "verdict": ranking.verdict, "suspects": suspects,
         "threshold": ranking.threshold, "dtype": ranking.dtype, "spec": spec, "meta": meta,
         "checked": len(ranking.pairs), "unchecked": ranking.unchecked, "notes": ranking.notes,
         "inputs_differ": ranking.inputs_differ, "plots": plot_data(ranking), "serving": _strict(serving),
+        "conventions": [_suspect_json(s) for s in ranking.conventions],
+    }
+
+
+def _suspect_json(s: Any) -> dict[str, Any]:
+    """One suspect as report.json holds it. ``kind``: module | glue (the code between two children of
+    ``target.module``'s forward, ``target.lines`` of ``target.forward_file``) | convention."""
+    return {
+        "rank": s.rank, "kind": s.kind,
+        "target": {"module": s.module, "class": s.cls, "file": s.file, "line": s.line,
+                   "forward_file": s.forward_file, "forward_line": s.forward_line,
+                   "call_file": s.call_file, "call_line": s.call_line, "lines": list(s.lines),
+                   "between": list(s.between)},
+        "reference": {"modules": s.reference_modules},
+        # NaN marks an enclosing module that was not itself compared (see analysis._rank)
+        "error_ratio": None if math.isnan(s.error_ratio) else _ratio(s.error_ratio),
+        "input_ratio": _ratio(s.input_ratio), "same_dtype": _ratio(s.same_dtype),
+        "onset_token": s.onset_token, "onset_phase": s.onset_phase, "evidence": s.evidence,
     }
 
 
@@ -62,7 +71,9 @@ def _strict(value: Any) -> Any:
 
 def plot_data(ranking: Ranking) -> dict[str, Any]:
     series = [{"component": p.component, "class": p.cls, "error_ratio": _ratio(p.error_ratio, 4),
-               "input_ratio": _ratio(p.input_ratio, 4)} for p in ranking.pairs]
+               "input_ratio": _ratio(p.input_ratio, 4), "same_dtype": _ratio(p.same_dtype, 4),
+               "input_same_dtype": _ratio(p.input_same_dtype, 4), "order": p.order,
+               "entered_after": p.entered_after} for p in ranking.pairs]
     # Heat map: decoder layers (residual stream after each layer) × token position, max over sequences.
     layers = [p for p in ranking.pairs if re.fullmatch(r".*layers\.\d+", p.component)]
     positions = sorted({pos for p in layers for _, pos, _ in p.token_ratios})
@@ -94,12 +105,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         for s in report["suspects"]:
             t = s["target"]
             call = f" (called at {short_path(t['call_file'])}:{t['call_line']})" if t.get("call_file") else ""
-            lines.append(f"| {s['rank']} | `{t['module']}` | {t['class']} | {short_path(t['file'])}:{t['line']}{call} | "
+            lines.append(f"| {s['rank']} | `{t['module']}` | {t['class']} | {source_of(s)}{call} | "
                          f"{s['error_ratio']} | {s['onset_token']} | {s['evidence']} |")
         lines.append("")
-    for d in report["inputs_differ"]:
-        lines.append(f"- prompt {d['prompt']}: first difference at position {d['position']}: "
-                     f"target {d['target'][:12]} vs reference {d['reference'][:12]}")
+    lines += serving_markdown(report)
     lines += ["", f"Checked {report['checked']} component pairs."]
     agent = report.get("agent")
     if agent and agent.get("status") != "nothing-to-do":
@@ -118,6 +127,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         from ekka_core.report.bisect_section import bisect_markdown
         lines += bisect_markdown(report["bisect"])
     return "\n".join(lines) + "\n"
+
+
+def source_of(suspect: dict[str, Any]) -> str:
+    """Where to look: the class line, or for code between two children the forward's line range."""
+    t = suspect["target"]
+    if suspect.get("kind") == "glue" and t.get("lines"):
+        return f"{short_path(t['forward_file'])}:{t['lines'][0]}–{t['lines'][1]}"
+    return f"{short_path(t['file'])}:{t['line']}"
 
 
 def _color(r: float | None, thr: float) -> str:
@@ -179,7 +196,7 @@ def render_html(report: dict[str, Any]) -> str:
     sus = "".join(
         f'<tr><td>{s["rank"]}</td><td><code>{html.escape(s["target"]["module"])}</code></td>'
         f'<td>{html.escape(s["target"]["class"])}</td>'
-        f'<td><code>{html.escape(short_path(s["target"]["file"]))}:{s["target"]["line"]}</code>'
+        f'<td><code>{html.escape(source_of(s))}</code>'
         + (f'<br><small>called at <code>{html.escape(short_path(s["target"]["call_file"]))}:'
            f'{s["target"]["call_line"]}</code></small>' if s["target"].get("call_file") else "") + '</td>'
         f'<td>{s["error_ratio"]}</td><td>{s["onset_token"]}</td><td>{html.escape(s["evidence"])}</td></tr>'
@@ -204,6 +221,7 @@ table{{border-collapse:collapse}} td,th{{padding:2px 6px;font-size:13px;text-ali
 the reference's own low-precision distance from it: ≈ 1 is numerical noise, above {thr} is a departure.</small></p>
 <h2>Suspects</h2><table class="suspects"><tr><th>#</th><th>module</th><th>class</th><th>source</th>
 <th>error ratio</th><th>onset token</th><th>evidence</th></tr>{sus or '<tr><td colspan=7>none</td></tr>'}</table>
+{serving_html(report)}
 <h2>Error ratio along the execution order</h2>{line_plot}
 <h2>Where and when</h2>{heat}
 <p>Checked {report["checked"]} component pairs.</p>

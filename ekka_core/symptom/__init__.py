@@ -28,7 +28,7 @@ def check_symptom(outputs: EngineOutputs, scores: dict[str, Any], *, threshold: 
     floor_rel = noise_floor(outputs.dtype)
     low = {r["request"]: r["steps"] for r in scores["low"]["requests"]}
     high = {r["request"]: r["steps"] for r in scores["fp32"]["requests"]}
-    num2 = den2 = ref2 = 0.0
+    num2 = den2 = ref2 = same2 = 0.0
     positions: list[PositionRatio] = []
     for r in outputs.requests:
         start = len(r.prompt_token_ids) - 1
@@ -38,12 +38,14 @@ def check_symptom(outputs: EngineOutputs, scores: dict[str, Any], *, threshold: 
             xs, ys = np.array(x["logprobs"]), np.array(y["logprobs"])
             num, den, ref = (float(np.linalg.norm(v)) for v in (a - ys, xs - ys, ys))
             num2, den2, ref2 = num2 + num * num, den2 + den * den, ref2 + ref * ref
+            same2 += float(np.linalg.norm(a - xs)) ** 2
             ratio = num / max(den, floor_rel * ref, 1e-30)
             matches = j < len(r.generated) and r.generated[j] == y["argmax"]
             positions.append(PositionRatio(r.request, start + j, _finite(ratio), bool(matches)))
     overall = math.sqrt(num2) / max(math.sqrt(den2), floor_rel * math.sqrt(ref2), 1e-30) if positions else 0.0
+    same = math.sqrt(same2) / max(math.sqrt(den2), floor_rel * math.sqrt(ref2), 1e-30) if positions else 0.0
     check = SymptomCheck(label=label or outputs.label, ratio=_finite(overall), diverges=overall > threshold,
-                         threshold=threshold, positions=positions,
+                         threshold=threshold, positions=positions, same_dtype=_finite(same),
                          cached_tokens=sum(r.num_cached_tokens for r in outputs.requests))
     check.first = next((p for p in positions if p.ratio > threshold), None) if check.diverges else None
     if not positions:

@@ -37,6 +37,14 @@ def test_search_finds_the_first_bad_release_in_log_steps(n: int, first_bad: int)
     assert len(seen) <= max(1, (n - 1).bit_length())
 
 
+def test_search_skips_releases_that_cannot_be_diagnosed() -> None:
+    broken = {3, 4}
+    lo, hi = _search(lambda i: None if i in broken else i < 5, 0, 8, good_at_lo=True)
+    assert (lo, hi) == (2, 5)                   # first bad is 5 or a skipped one before it: the window says so
+    lo, hi = _search(lambda i: None if i == 4 else i < 6, 0, 8, good_at_lo=True)
+    assert (lo, hi) == (5, 6)
+
+
 def test_search_for_a_fix_runs_the_other_way() -> None:
     lo, hi = _search(lambda i: i >= 4, 1, 7, good_at_lo=False)     # bad up to 3, good from 4 on
     assert (lo, hi) == (3, 4)
@@ -92,7 +100,8 @@ def test_bisect_refuses_python_and_target_trace(tmp_path: Path) -> None:
 def test_what_changed_diffs_the_class_and_the_functions_it_calls(tmp_path: Path) -> None:
     good = write_plugin(tmp_path / "good", "1.0", buggy=False)
     bad = write_plugin(tmp_path / "bad", "1.1", buggy=True)
-    engine = str(Path(__import__("vllm").__file__).parents[1])            # the base class lives in vllm
+    import importlib.util
+    engine = str(Path(importlib.util.find_spec("vllm").origin).parents[1])   # the base class lives in vllm
     suspect = {"target": {"class": "RMSNorm", "file": str(bad / "ekka_fakerelease" / "norm.py")}}
     found = what_changed_in(suspect, [str(good), engine], [str(bad), engine])
     assert "ekka_fakerelease.norm.RMSNorm" in found["compared"]
@@ -136,11 +145,13 @@ def test_what_changed_follows_imports_into_the_engine_and_names_custom_ops(tmp_p
 
 # ---- environments -------------------------------------------------------------------------------------------------
 
-def test_overlay_env_sees_the_base_and_shadows_it_with_its_own_packages(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["linked", "editable"])
+def test_overlay_env_sees_the_base_and_shadows_it_with_its_own_packages(tmp_path: Path, how: str) -> None:
     src = write_plugin(tmp_path / "src", "9.9", buggy=False)
-    python = overlay_env(sys.executable, tmp_path / "env", editable=[src])
-    code = ("import importlib.metadata as m, json, ekka_fakerelease, vllm; print(json.dumps([ekka_fakerelease.__file__,"
-            " vllm.__file__, [e.value for e in m.entry_points(group='vllm.general_plugins')]]))")
+    python = overlay_env(sys.executable, tmp_path / "env", **{how: [src]})
+    code = ("import importlib.metadata as m, importlib.util as u, json, ekka_fakerelease; print(json.dumps(["
+            "ekka_fakerelease.__file__, u.find_spec('vllm').origin, "
+            "[e.value for e in m.entry_points(group='vllm.general_plugins')]]))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     plugin_file, vllm_file, plugins = json.loads(out.stdout.strip().splitlines()[-1])
@@ -205,3 +216,28 @@ def test_bisect_over_fake_releases_finds_first_bad_and_the_changed_lines(tmp_pat
     b2 = json.loads((tmp_path / "out" / "report.json").read_text())["bisect"]
     assert all(t["traces_reused"] for t in b2["tried"]) and b2["first_bad"] == "1.1"
     assert second_s < first_s / 2, (first_s, second_s)
+
+
+def test_report_sections_render_the_releases_and_the_diff() -> None:
+    from ekka_core.report import render_markdown
+    from ekka_core.report.bisect_section import bisect_html
+
+    section = {
+        "outcome": "regression-found", "candidates": ["1.0", "1.1"], "last_good": "1.0", "first_bad": "1.1",
+        "seconds": 12.0, "note": "", "custom_ops": ["torch.ops._C.rms_norm"],
+        "suspect": {"module": "model.layers.0.self_attn.q_norm", "class": "RMSNorm", "file": "/x/norm.py", "line": 3},
+        "tried": [{"label": "1.0", "verdict": "consistent", "top_suspect": None, "seconds": 5.0, "env_seconds": 0.0,
+                   "env_reused": True, "traces_reused": False},
+                  {"label": "1.1", "verdict": "divergent", "top_suspect": "model.layers.0.self_attn.q_norm",
+                   "seconds": 6.0, "env_seconds": 40.0, "env_reused": False, "traces_reused": True}],
+        "changes": [{"symbol": "pkg.norm.rms", "kind": "function", "status": "changed", "file_good": "/a/norm.py",
+                     "file_bad": "/b/norm.py", "unified_diff": "--- a/norm.py\n+++ b/norm.py\n@@ -5,2 +5,2 @@\n"
+                                                              "-    old <line>\n+    new\n"}],
+    }
+    md = render_markdown({"suspects": [], "inputs_differ": [], "checked": 3, "unchecked": [], "notes": [],
+                          "verdict": "divergent", "bisect": section})
+    assert "## Bisection" in md and "last good 1.0 · first bad 1.1" in md
+    assert "```diff\n--- a/norm.py" in md and "| 1.1 | divergent | `model.layers.0.self_attn.q_norm` | 6 | built (40 s) |" in md
+    html = bisect_html(section)
+    assert '<span class="d-del">-    old &lt;line&gt;</span>' in html and '<span class="d-add">+    new</span>' in html
+    assert "torch.ops._C.rms_norm" in html and 'class="v-divergent"' in html

@@ -28,6 +28,9 @@ def test_clean_bf16_run_is_consistent(arch, clean_diagnosis):
     report = _report(out)
     assert report["verdict"] == "consistent" and report["threshold"] == 2.0
     assert all(s["error_ratio"] <= report["threshold"] for s in report["plots"]["series"])
+    # the served configuration ran too, untraced, and matches the reference at the logits level
+    served = report["serving"]["served"]
+    assert served["diverges"] is False and served["positions"] and report["conventions"] == []
     # every mapped pair was actually compared: no alignment failed
     assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []
     # the mapping is complete: nothing is left unexplained
@@ -46,12 +49,16 @@ def test_fp32_target_matches_fp32_reference_for_every_pair(arch, clean_diagnosis
     worst = max(series, key=lambda s: s["error_ratio"])
     # In fp32 the ratio is ‖X_T − Y_R‖ / (1e-5·‖Y_R‖): ≤ threshold means within 2e-5 relative, for every pair.
     assert worst["error_ratio"] <= report["threshold"], worst
-    # Both sequences (different lengths) and both phases were compared: prefill and decode positions.
+    # Every request (two prompts of different lengths, a chat) and both phases were compared: prefill and decode.
     target = Trace(out / "traces/target")
     positions = {(s, p) for step in target.steps for s, p in zip(step.seq, step.pos)}
     lens = target.run.prompt_lens
-    assert {s for s, _ in positions} == {0, 1} and lens[0] != lens[1]
+    assert {s for s, _ in positions} == {0, 1, 2} and lens[0] != lens[1]
     assert any(p >= lens[s] for s, p in positions)   # decode positions present
+    # The chat request was fed what the reference's own chat template makes of it: one BOS, the template's tokens.
+    reference = Trace(out / "traces/reference")
+    assert target.run.token_ids[2][:lens[2]] == reference.run.own_prompt_token_ids[2]
+    assert target.run.token_ids[2][0] == 1 and target.run.token_ids[2][1] != 1
 
 
 def _mapping(out):

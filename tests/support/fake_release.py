@@ -87,5 +87,5 @@ def make_releases(root: Path, labels: list[str], first_bad: str | None) -> dict[
     for label in labels:
         bad = bad or label == first_bad
         src = write_plugin(root / f"src-{label}", label, bad)
-        out[label] = overlay_env(sys.executable, root / f"env-{label}", editable=[src])
+        out[label] = overlay_env(sys.executable, root / f"env-{label}", linked=[src])
     return out
