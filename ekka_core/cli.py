@@ -370,28 +370,45 @@ def _print_report(report: dict[str, Any], paths: dict[str, Path]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ekka_core.report import headline
+    from ekka_core.contracts.report import fmt_ratio
+    from ekka_core.report import headline, source_of
     from ekka_core.sources import short_path
 
     out = Console(width=max(Console().width, 140))
     colour = {"divergent": "red", "consistent": "green"}.get(report["verdict"], "yellow")
     out.print(f"[bold {colour}]{headline(report)}[/]")
+    serving = report.get("serving") or {}
+    for name, label in (("served", "served configuration"), ("traced", "traced configuration")):
+        check = serving.get(name)
+        if check:
+            state = "[red]diverges[/]" if check["diverges"] else "[green]matches[/]"
+            out.print(f"  {label}: {state} at the logits level (ratio {fmt_ratio(check['ratio'])})")
+    if serving.get("changes"):
+        out.print("  traced with: " + "; ".join(f"{c['arg']}={c['traced']!r}" for c in serving["changes"]))
+    triage = serving.get("triage") or {}
+    if triage.get("trials") or triage.get("culprit"):
+        out.print(f"  triage ({len(triage.get('trials', []))} configurations tried): {triage.get('words')}")
     if report["suspects"]:
         t = Table(title="Suspects (most likely root cause first)")
-        for col in ("#", "module", "class", "source", "error ratio", "onset token"):
+        for col in ("#", "kind", "module", "class", "source", "error ratio", "onset token"):
             t.add_column(col, overflow="fold")
         for s in report["suspects"]:
-            src = f"{short_path(s['target']['file'])}:{s['target']['line']}" if s["target"]["file"] else "—"
-            t.add_row(str(s["rank"]), s["target"]["module"], s["target"]["class"], src, str(s["error_ratio"]),
-                      "—" if s["onset_token"] is None else str(s["onset_token"]))
+            src = source_of(s) if s["target"]["file"] or s["target"].get("lines") else "—"
+            t.add_row(str(s["rank"]), s.get("kind", "module"), s["target"]["module"], s["target"]["class"], src,
+                      str(s["error_ratio"]), "—" if s["onset_token"] is None else str(s["onset_token"]))
         out.print(t)
         top = report["suspects"][0]
         if top["target"].get("call_file"):
             out.print(f"called from {short_path(top['target']['call_file'])}:{top['target']['call_line']}")
         out.print(f"[dim]{top['evidence']}[/]")
+    elif report.get("conventions"):
+        for c in report["conventions"]:
+            out.print(f"[yellow]departure from the reference's rounding[/]: {c['target']['module']} — {c['evidence']}")
     for d in report.get("inputs_differ", []):
-        out.print(f"prompt {d['prompt']}: token ids differ from position {d['position']}: "
-                  f"target {d['target']} vs reference {d['reference']}")
+        out.print(f"request {d.get('request', d['prompt'])!r} ({d.get('input', 'prompt')}): the ids the engine fed "
+                  f"differ from the reference's own from token {d['position']}:")
+        out.print(f"  engine    {d['target']}  {d.get('target_tokens', '')}")
+        out.print(f"  reference {d['reference']}  {d.get('reference_tokens', '')}")
     out.print(f"report: {paths['json']}  {paths['html']}")
 
 

@@ -200,6 +200,14 @@ def _check_declared_split(pair: ComponentPair, target: Trace) -> None:
                              f"{list(layout['blocks'])}; the split order or sizes are wrong")
 
 
+def _scaled(matrix: torch.Tensor, scale: float, dtype: str) -> torch.Tensor:
+    """The constant the other side folds into its own module (Gemma's embedding normaliser), applied as the engine
+    applies it in its parent's forward: in the run's dtype, the constant rounded to it, the product rounded once.
+    Applied in fp32 instead, a correct engine would look a rounding away from the reference."""
+    low = getattr(torch, dtype.removeprefix("torch."), torch.float32)
+    return (matrix.to(low) * torch.tensor(scale, dtype=low)).float()
+
+
 @dataclass
 class Rows:
     """One endpoint's rows: a [rows, features] matrix and which (sequence, position) each row is."""
@@ -250,7 +258,7 @@ def rows_of(trace: Trace, ep: Endpoint) -> Rows:
             raise AlignmentError(f"{module}: its {ep.port} rows have different widths across calls {widths}")
         index = {k: i for i, k in enumerate(keys_all) if k[0] >= 0}
         matrix = torch.cat(blocks)
-        parts.append(Rows(index, matrix * ep.scale if ep.scale is not None else matrix))
+        parts.append(Rows(index, _scaled(matrix, ep.scale, trace.run.dtype) if ep.scale is not None else matrix))
     if len(parts) == 1:
         return parts[0]
     common = sorted(set(parts[0].index).intersection(*(p.index for p in parts[1:])))

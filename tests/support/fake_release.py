@@ -44,7 +44,7 @@ from vllm.model_executor.layers.layernorm import RMSNorm as _EngineRMSNorm
 def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
 {var_line}
-    return (x32 * torch.rsqrt(var + eps) * weight.float()).to(x.dtype)
+    return weight * (x32 * torch.rsqrt(var + eps)).to(x.dtype)      # HF's rounding, bit for bit
 
 
 class RMSNorm(_EngineRMSNorm):
