@@ -20,9 +20,10 @@ from ekka_core.pipeline import diagnose
 from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec
 from ekka_core.zoo import build_model, tokenizer_without_bos
 
-# What CI runs (tests/pipeline/test_bench.py): cases the other end-to-end tests do not already diagnose.
-FAST_SUBSET = ["qwen3-qk-norm-across-heads", "llama-gptj-style-rotary", "qwen3-moe-experts-wrong-activation",
-               "mistral-lm-head-wrongly-tied"]
+# What CI runs (tests/pipeline/test_bench.py): one case of each kind the other end-to-end tests do not already
+# diagnose — a module, code between modules, the engine's input path, a rounding convention, a served feature.
+FAST_SUBSET = ["qwen3-qk-norm-across-heads", "granite-embedding-multiplier-skipped", "chat-double-bos",
+               "rmsnorm-weight-in-fp32", "prefix-cache-hit-corrupts-resumed-prefill"]
 
 
 @dataclass
