@@ -68,11 +68,12 @@ class Serving:
     traced_args: dict[str, Any] | None = None
     changes: list[dict[str, Any]] | None = None
     machine_changes: list[dict[str, Any]] | None = None   # what this machine forces on every run (said out loud)
+    traced_resolved: dict[str, Any] | None = None
     triage: Triage | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"served_args": self.served_args,
-                "served_resolved": self.served.outputs.resolved if self.served else None,
+                "served_resolved": self.served.outputs.resolved if self.served else self.traced_resolved,
                 "served": asdict(self.served_check) if self.served_check else None,
                 "traced": asdict(self.traced_check) if self.traced_check else None,
                 "traced_args": self.traced_args, "changes": self.changes or [],
@@ -106,15 +107,22 @@ class _Run:
     def diagnose(self) -> Diagnosis:
         spec = self.spec
         served_first = spec.target == "vllm" and not spec.target_trace
+        one_run = False
         if served_first:
             args, machine = served_args(spec)
             self.serving = Serving(served_args=args, changes=[asdict(c) for c in machine],
                                    machine_changes=[asdict(c) for c in machine])
-            served = self._symptom(args)
-            differ = preflight_inputs(spec, served.outputs, served.scores["own_prompt_token_ids"])
-            if differ:
-                return self._inputs_differ(differ, where="served")
-            traced_args, changes = configuration(args, served.outputs.resolved)
+            # A served configuration that already is the traced baseline needs no run of its own: the traced run is
+            # the served run (hooks do not change what the engine computes).
+            one_run = not configuration(args, None)[1]
+            resolved = None
+            if not one_run:
+                served = self._symptom(args)
+                differ = preflight_inputs(spec, served.outputs, served.scores["own_prompt_token_ids"])
+                if differ:
+                    return self._inputs_differ(differ, where="served")
+                resolved = served.outputs.resolved
+            traced_args, changes = configuration(args, resolved)
             self.serving.traced_args = traced_args
             self.serving.changes = [asdict(c) for c in machine + changes]
             captured = capture(spec, self.out_dir, args=traced_args, changes=self.serving.changes, fresh=self.fresh,
@@ -132,7 +140,11 @@ class _Run:
         ranking, agent, tree = self._compare(target, reference, reference_fp32, name="")
         if self.serving is not None:
             self.serving.traced_check = self._traced_check(captured, target, reference, reference_fp32)
-            ranking, agent = self._triage(ranking, agent)
+            if one_run:
+                self.serving.served_check = self.serving.traced_check
+                self.serving.served_check.label = "served configuration (= the traced baseline: one run)"
+            else:
+                ranking, agent = self._triage(ranking, agent)
         self._combine(ranking)
         return self._finish(ranking, agent)
 
@@ -152,6 +164,8 @@ class _Run:
     def _traced_check(self, captured: CaptureResult, target: Trace, reference: Trace, reference_fp32: Trace
                       ) -> SymptomCheck:
         outputs = EngineOutputs.load(captured.target)
+        assert self.serving is not None
+        self.serving.traced_resolved = outputs.resolved
         scores = scores_from_traces(outputs, reference, reference_fp32)
         if scores is None:     # a restricted trace lacks logits rows: score with a reference run of its own
             scores = score_run(self.spec, captured.target, env=self.env)

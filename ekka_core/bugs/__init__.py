@@ -93,8 +93,10 @@ LONG_PROMPT = " ".join(_SENTENCES[i] for i in _LONG_ORDER) + " Question: what is
 def _gemma3_sliding_window_everywhere() -> None:
     """vLLM #17689 / fix #21927: interleaved sliding window not detected, so the global layers also got the
     model-level window (Attention falls back to the model's sliding_window when its own is None)."""
-    from vllm.config import get_current_vllm_config
-    from vllm.model_executor.layers.attention import attention as attention_mod
+    from ekka_core.capture import vllm_compat
+
+    get_current_vllm_config = vllm_compat.current_vllm_config
+    attention_mod = vllm_compat.attention_module()
 
     original = attention_mod.Attention.__init__
 
@@ -110,8 +112,10 @@ def _gemma3_sliding_window_everywhere() -> None:
 
 def _gemma_exact_gelu() -> None:
     """vLLM #3411 / fix #3653: Gemma's gated MLP used exact (erf) GELU instead of tanh-approximate GELU."""
-    from vllm.model_executor.layers.activation import GeluAndMul
-    from vllm.model_executor.models import gemma
+    from ekka_core.capture import vllm_compat
+
+    GeluAndMul = vllm_compat.activation_module().GeluAndMul
+    gemma = vllm_compat.model_module("gemma")
 
     gemma._get_gemma_act_fn = lambda *a, **k: GeluAndMul(approximate="none")
 
@@ -119,7 +123,9 @@ def _gemma_exact_gelu() -> None:
 def _untied_lm_head() -> None:
     """vLLM #5621 / fix #5724: tie_word_embeddings ignored, lm_head never loaded from embed_tokens."""
     import torch
-    from vllm.model_executor.models import gemma
+    from ekka_core.capture import vllm_compat
+
+    gemma = vllm_compat.model_module("gemma")
 
     original = gemma.GemmaForCausalLM.load_weights
 
@@ -132,7 +138,9 @@ def _untied_lm_head() -> None:
         return loaded
 
     gemma.GemmaForCausalLM.load_weights = load_weights
-    from vllm.model_executor.layers import logits_processor as lp
+    from ekka_core.capture import vllm_compat
+
+    lp = vllm_compat.logits_processor_module()
 
     original_get = lp.LogitsProcessor._get_logits
 
@@ -176,7 +184,9 @@ def _qk_norm_across_heads() -> None:
     """vLLM #16300 / fix #16311 (Llama 4), injected into Qwen3's per-head q_norm: the RMS is taken over all heads
     of a token instead of over each head."""
     import torch
-    from vllm.model_executor.models import qwen3
+    from ekka_core.capture import vllm_compat
+
+    qwen3 = vllm_compat.model_module("qwen3")
 
     original = qwen3.Qwen3Attention.__init__
 
@@ -196,7 +206,9 @@ def _qk_norm_across_heads() -> None:
 
 def _attention_bias_dropped() -> None:
     """vLLM #3767: LlamaAttention ignored `attention_bias`; the loader silently skipped the q/k/v bias tensors."""
-    from vllm.model_executor.models import llama
+    from ekka_core.capture import vllm_compat
+
+    llama = vllm_compat.model_module("llama")
 
     original = llama.LlamaAttention.__init__
 
@@ -217,7 +229,9 @@ def _attention_bias_dropped() -> None:
 def _moe_wrong_activation() -> None:
     """vLLM fix #41574 (Gemma 4 MoE: the fused experts got the wrong GELU); the same pattern — the fused-MoE
     experts built with a different activation than the model's — injected into Qwen3-MoE (exact GELU for SiLU)."""
-    from vllm.model_executor.models import qwen3_moe
+    from ekka_core.capture import vllm_compat
+
+    qwen3_moe = vllm_compat.model_module("qwen3_moe")
 
     original = qwen3_moe.FusedMoEFactory
 
@@ -232,7 +246,9 @@ def _lm_head_wrongly_tied() -> None:
     """vLLM #51063: Mistral3 wrapper resolved tie_word_embeddings from the wrong config, discarding the
     checkpoint's real lm_head.weight in favour of the embedding matrix."""
     import torch
-    from vllm.model_executor.models import mistral
+    from ekka_core.capture import vllm_compat
+
+    mistral = vllm_compat.model_module("mistral")
 
     original = mistral.MistralForCausalLM.load_weights
 
@@ -249,9 +265,10 @@ def _decode_kernel_wrong_scale() -> None:
     """Emulates the class of SGLang #13044 (a FlashInfer attention kernel wrong on one path, right on the other):
     the decode-only attention path uses a wrong softmax scale. Prefill is untouched, so the divergence must start
     at the first decode step."""
-    from vllm.v1.attention.backends import cpu_attn
+    from ekka_core.capture import vllm_compat
 
-    original = cpu_attn.CPUAttentionBackendImpl.forward
+    impl = vllm_compat.cpu_attention_impl_class()
+    original = impl.forward
 
     def forward(self: Any, layer: Any, query: Any, key: Any, value: Any, kv_cache: Any, attn_metadata: Any,
                 *args: Any, **kwargs: Any) -> Any:
@@ -264,12 +281,14 @@ def _decode_kernel_wrong_scale() -> None:
         finally:
             self.scale = scale
 
-    cpu_attn.CPUAttentionBackendImpl.forward = forward
+    impl.forward = forward
 
 
 def _crash_mid_run() -> None:
     """Not a historical bug: the engine dies at its third forward step (tests that partial traces are kept)."""
-    from vllm.model_executor.layers import logits_processor as lp
+    from ekka_core.capture import vllm_compat
+
+    lp = vllm_compat.logits_processor_module()
 
     original = lp.LogitsProcessor.forward
     calls = {"n": 0}
@@ -290,20 +309,11 @@ def _crash_mid_run() -> None:
 
 
 def _vllm(module_name: str, *attrs: str) -> Any:
-    """Import the vLLM internal an injection patches (a module, or an attribute path inside it)."""
-    import importlib
+    """The vLLM internal an injection patches (a module, or an attribute path inside it), through the compatibility
+    layer: a release that lacks it fails with one clear line instead of silently injecting nothing."""
+    from ekka_core.capture import vllm_compat
 
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RuntimeError(f"ekka bug injection: this vLLM has no module {module_name} ({e}); "
-                           f"the injection was written against vLLM 0.32") from e
-    for i, attr in enumerate(attrs):
-        if not hasattr(obj, attr):
-            raise RuntimeError(f"ekka bug injection: {module_name} has no {'.'.join(attrs[:i + 1])} in this vLLM; "
-                               f"the injection was written against vLLM 0.32")
-        obj = getattr(obj, attr)
-    return obj
+    return vllm_compat.resolve(".".join((module_name, *attrs)))
 
 
 def _chat_adds_special_tokens() -> None:

@@ -170,3 +170,10 @@ def _get(args: dict[str, Any], dotted: str) -> Any:
             return value
         return (value or {}).get(rest) if isinstance(value, dict) else None
     return value
+
+
+def traced_baseline(model: str) -> dict[str, Any]:
+    """The traced baseline's engine arguments for ``model``: a served configuration equal to it needs no run of its
+    own (one engine run serves both the symptom check and the trace)."""
+    args, _ = configuration({"model": model}, None)
+    return {k: v for k, v in args.items() if k != "model"}

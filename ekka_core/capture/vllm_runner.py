@@ -20,7 +20,6 @@ its own process (the capture worker): vLLM owns torch's threads there.
 from __future__ import annotations
 
 import difflib
-import inspect
 import os
 import resource
 import time
@@ -28,6 +27,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from ekka_core.capture import vllm_compat
 from ekka_core.capture.trace import RunInfo
 from ekka_core.contracts.errors import BadInput, InternalFailure, engine_start_error
 from ekka_core.contracts.serving import EngineOutputs, RequestOutcome
@@ -55,15 +55,10 @@ def _engine_env(args: dict[str, Any]) -> None:
 def check_engine_args(args: dict[str, Any]) -> None:
     """Every argument must be one the installed vLLM's ``LLM`` accepts (its own parameters or an ``EngineArgs``
     field): a typo is bad input before an engine starts, named with vLLM's version and the nearest real name."""
-    import vllm
-    from vllm import LLM
-    from vllm.engine.arg_utils import EngineArgs
-
-    known = {f.name for f in fields(EngineArgs)} | set(inspect.signature(LLM.__init__).parameters) - {"self", "kwargs"}
-    unknown = sorted(set(args) - known)
+    unknown = vllm_compat.unknown_engine_args(args)
     if unknown:
-        near = difflib.get_close_matches(unknown[0], known, n=1)
-        raise BadInput(f"vLLM {vllm.__version__} has no engine argument `{unknown[0]}`"
+        near = difflib.get_close_matches(unknown[0], vllm_compat.llm_arg_names(), n=1)
+        raise BadInput(f"vLLM {vllm_compat.version()} has no engine argument `{unknown[0]}`"
                        + (f" (did you mean `{near[0]}`?)" if near else ""),
                        fix="use an argument of vllm.engine.arg_utils.EngineArgs (as `vllm serve --help` lists them, "
                            "with _ for -)")
@@ -94,13 +89,13 @@ def _start(args: dict[str, Any], model: str) -> Any:
 
 def resolved_config(llm: Any) -> dict[str, Any]:
     """What the engine made of its arguments: the values each configuration factor really has in this run."""
-    return resolved_from_config(llm.llm_engine.vllm_config)
+    return resolved_from_config(vllm_compat.vllm_config_of(llm))
 
 
 def resolved_from_config(vc: Any) -> dict[str, Any]:
     """:func:`resolved_config` from a ``VllmConfig`` (inside an engine process: the served-trace plugin)."""
     cc, sc, cache, mc = vc.compilation_config, vc.scheduler_config, vc.cache_config, vc.model_config
-    return {"enforce_eager": bool(mc.enforce_eager), "compilation_mode": int(cc.mode),
+    return {"enforce_eager": bool(mc.enforce_eager), "compilation_mode": vllm_compat.compilation_mode_of(cc),
             "compilation_backend": str(cc.backend), "custom_ops": list(cc.custom_ops),
             "enable_prefix_caching": bool(cache.enable_prefix_caching), "block_size": cache.block_size,
             "kv_cache_dtype": str(cache.cache_dtype), "max_num_batched_tokens": sc.max_num_batched_tokens,
@@ -150,8 +145,6 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
     """Run the spec's requests on vLLM with exactly ``args``; trace every module call into ``out_dir`` when
     ``trace``. Writes ``out_dir/outputs.json`` and returns it."""
     _engine_env(args)
-    import vllm
-
     check_engine_args(args)
     t0 = time.perf_counter()
     llm = _start(args, spec.model)
@@ -161,11 +154,12 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if trace:
-        run_info = RunInfo(framework="vllm", framework_version=vllm.__version__, role="target", model=spec.model,
+        run_info = RunInfo(framework="vllm", framework_version=vllm_compat.version(), role="target", model=spec.model,
                            dtype=resolved["dtype"], engine_args={k: v for k, v in args.items() if k != "model"},
                            prompts=spec.labels(), resolved_config=resolved, config_changes=list(config_changes or []))
         # The worker method comes from Ekka's vLLM plugin, loaded by vLLM itself in every worker process.
-        llm.collective_rpc("ekka_trace_control", args=("start", str(out_dir), asdict(run_info), spec.trace_options()))
+        vllm_compat.collective_rpc(llm, "ekka_trace_control",
+                                   ("start", str(out_dir), asdict(run_info), spec.trace_options()))
 
     failure = None
     outcomes: dict[int, tuple[Any, int]] = {}
@@ -180,7 +174,7 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
     except Exception as e:  # noqa: BLE001 - the trace so far is kept, marked incomplete
         failure = f"vLLM crashed during generation: {type(e).__name__}: {e}"
 
-    result = EngineOutputs(framework="vllm", framework_version=vllm.__version__, label=label, args=args,
+    result = EngineOutputs(framework="vllm", framework_version=vllm_compat.version(), label=label, args=args,
                            resolved=resolved, dtype=resolved["dtype"], traced=trace, start_seconds=started)
     for i in sorted(outcomes):
         o, w = outcomes[i]
@@ -211,7 +205,7 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
 def _close_trace(llm: Any, seq_by_req: dict[str, int], prompt_lens: list[int], token_ids: list[list[int]],
                  generated: list[list[int]], prompts: list[list[int]], cached: list[int], failure: str | None) -> None:
     try:
-        llm.collective_rpc("ekka_trace_control", args=("close", seq_by_req, prompt_lens, token_ids, generated,
-                                                       prompts, failure, cached))
+        vllm_compat.collective_rpc(llm, "ekka_trace_control", ("close", seq_by_req, prompt_lens, token_ids,
+                                                               generated, prompts, failure, cached))
     except Exception as e:  # a dead engine cannot close its workers' traces; they stay on disk, unindexed
         raise InternalFailure(f"{failure or 'vLLM failed'}; closing the traces failed too ({e})") from e

@@ -70,7 +70,8 @@ def serving_markdown(report: dict[str, Any]) -> list[str]:
         start = d.get("window_start", 0)
         lines += [f"- request {d.get('request', d['prompt'])!r} ({d.get('input', 'prompt')}): the ids fed by "
                   f"{d.get('fed_from', 'the engine')} differ from the reference's own rendering at token "
-                  f"{d['position']} (lengths {d['target_len']} vs {d['reference_len']})",
+                  f"{d['position']} (lengths {d.get('target_len', len(d['target']))} vs "
+                  f"{d.get('reference_len', len(d['reference']))})",
                   f"  - engine:    `{d['target']}` — tokens from {start}: {d.get('target_tokens', [])}",
                   f"  - reference: `{d['reference']}` — tokens from {start}: {d.get('reference_tokens', [])}"]
     if report.get("conventions"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ekka_core.bisect import Candidate, _search, candidates_from, parse_env_arg
+from ekka_core.bisect import _search, candidates_from, parse_env_arg
 from ekka_core.bisect.changes import what_changed_in
 from ekka_core.bisect.envs import _metadata_alias, _pin, _reason, check_release, disk_usage, overlay_env
 from ekka_core.contracts.errors import BadInput
@@ -183,10 +183,14 @@ def test_bisect_over_fake_releases_finds_first_bad_and_the_changed_lines(tmp_pat
 
     labels = ["1.0", "1.1", "1.2"]
     pythons = make_releases(tmp_path, labels, first_bad="1.1")
+    from ekka_core.capture.vllm_config import traced_baseline
+
     model = build_model("qwen3")
+    # Served as the traced baseline: one engine run per release (the machinery under test is bisection).
+    served = [a for k, v in traced_baseline(str(model)).items() for a in ("--engine-arg", f"{k}={json.dumps(v)}")]
     args = ["bisect", *[a for label in labels for a in ("--env", f"{label}={pythons[label]}")],
             "--model", str(model), "--prompt", "Once upon a time there was a small model that learned to count",
-            "--max-new-tokens", "3", "--out", str(tmp_path / "out"), "--env-dir", str(tmp_path / "envs")]
+            "--max-new-tokens", "3", *served, "--out", str(tmp_path / "out"), "--env-dir", str(tmp_path / "envs")]
     t0 = time.perf_counter()
     proc = _cli(*args, timeout=1200)
     first_s = time.perf_counter() - t0

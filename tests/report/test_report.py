@@ -265,7 +265,7 @@ def test_inputs_differ_report(tmp_path):
     assert data["inputs_differ"][0]["position"] == 0
     assert "inputs-differ" in headline(data)
     md = paths["md"].read_text()
-    assert "position 0" in md and "[1, 5, 6, 7]" in md
+    assert "at token 0" in md and "[1, 5, 6, 7]" in md
     assert "<svg" in paths["html"].read_text()
 
 

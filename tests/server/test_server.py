@@ -398,7 +398,7 @@ async def test_worker_that_dies_is_an_internal_failure(client: LanguageClient, d
     finally:
         client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
             settings={"ekka": {"interpreter": sys.executable}}))
-    assert (await _status(client))["settings"]["interpreter"] == sys.executable
+    assert (await _status(client))["settings"]["globalSettings"]["interpreter"] == sys.executable
 
 
 async def test_worker_killed_mid_run_is_reported_and_the_server_carries_on(client: LanguageClient, demo, tmp_path):
