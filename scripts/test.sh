@@ -13,7 +13,13 @@ bash scripts/setup.sh || { say "setup failed (exit $?): no tests were run"; exit
 bash scripts/install-sshd.sh || { say "could not install openssh-server: no tests were run"; exit 2; }
 
 start=$SECONDS
-.venv/bin/python -m pytest -q "$@"
+# Two workers by default (the CI machine has 2 cores; engine runs are mostly single-threaded Python): whole files
+# per worker, so a module's fixtures (a traced run shared by its tests) are computed once; the session's clean zoo
+# diagnoses are shared between workers through a lock (tests/conftest.py). EKKA_TEST_WORKERS=0 runs in-process.
+workers="${EKKA_TEST_WORKERS:-2}"
+dist=()
+[ "$workers" != "0" ] && dist=(-n "$workers" --dist loadfile)
+.venv/bin/python -m pytest -q --durations=30 "${dist[@]}" "$@"
 py_rc=$?
 py_s=$((SECONDS - start))
 case "$py_rc" in

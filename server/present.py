@@ -8,6 +8,7 @@ Lines: the report's lines are 1-based (``class Attention`` at line 229); LSP lin
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from lsprotocol import types
 
 from ekka_core.contracts.report import fmt_ratio
 
-from server.protocol import (CLIENT_SHOW_DIVERGENCE, CODE_SUSPECT, CODE_SUSPECT_CALL, CODE_SUSPECT_FORWARD,
-                             DIAGNOSTIC_SOURCE)
+from server.protocol import (CLIENT_SHOW_DIVERGENCE, CLIENT_SHOW_RELEASE_DIFF, CODE_SUSPECT, CODE_SUSPECT_CALL,
+                             CODE_SUSPECT_FORWARD, DIAGNOSTIC_SOURCE)
 
 CODES = {"class": CODE_SUSPECT, "forward": CODE_SUSPECT_FORWARD, "call": CODE_SUSPECT_CALL}
 
@@ -124,6 +125,65 @@ def suspect_message(s: dict[str, Any], threshold: Any, where: str = "") -> str:
             f"{fmt_ratio(s.get('error_ratio'))}× (threshold {threshold}){_onset(s)}; reference module(s): {refs}")
 
 
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _value(v: Any) -> str:
+    """An engine argument's value as JSON spells it (``true``, ``64``, ``["none"]``)."""
+    try:
+        return json.dumps(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def serving_suffix(report: dict[str, Any]) -> str:
+    """`` (served: diverges only with batching on)`` for the diagnostics when configuration triage found the served
+    features that make the served configuration diverge; empty otherwise."""
+    triage = _dict(_dict(report.get("serving")).get("triage"))
+    culprit = [str(f) for f in triage.get("culprit") or []]
+    if triage.get("direction") != "served-diverges" or not culprit:
+        return ""
+    return f" (served: diverges only with {' + '.join(culprit)} on)"
+
+
+def serving_line(report: dict[str, Any]) -> str | None:
+    """One Markdown line for the hover: does the served configuration diverge (triage's words), and under which
+    configuration the ratios shown were traced. None for a report without a ``serving`` section."""
+    serving = report.get("serving")
+    if not isinstance(serving, dict):
+        return None
+    triage = _dict(serving.get("triage"))
+    served = _dict(serving.get("served")) or _dict(triage.get("served"))
+    if served:
+        ratio = fmt_ratio(served.get("ratio"))
+        head = (f"**Diverges in the served configuration** (ratio {ratio}×)" if served.get("diverges") else
+                f"**The served configuration matches the reference** (ratio {ratio}×)")
+    else:
+        head = "**The served configuration was not checked**"
+    parts = [head + (f" — configuration triage: {triage['words']}" if triage.get("words") else "")]
+    baseline = "the eager baseline" if _dict(serving.get("traced_args")).get("enforce_eager") else "the traced baseline"
+    under = [str(f) for f in triage.get("traced_under") or []]
+    changes = [c for c in serving.get("changes") or [] if isinstance(c, dict) and c.get("arg")]
+    if under:
+        differing = _dict(triage.get("differing"))
+        feats = []
+        for f in under:
+            d = _dict(differing.get(f))
+            both = "served" in d and "baseline" in d
+            feats.append(f"`{f}` as served" + (f" ({_value(d['served'])}; baseline {_value(d['baseline'])})" if both else ""))
+        parts.append(f"traced under: {baseline} + " + ", ".join(feats))
+    elif changes:
+        shown = ", ".join(f"`{c['arg']}={_value(c.get('traced'))}`" for c in changes[:4])
+        parts.append(f"traced under: {baseline} ({shown}{', …' if len(changes) > 4 else ''})")
+    else:
+        parts.append("traced under: the served configuration itself (nothing changed for tracing)")
+    untraceable = [str(f) for f in triage.get("untraceable") or []]
+    if untraceable:
+        parts.append(f"hooks cannot see into {', '.join(untraceable)}")
+    return "; ".join(parts)
+
+
 LineText = Callable[[str, int], str | None]
 
 
@@ -141,6 +201,7 @@ def _line_range(line: int, text: str | None) -> types.Range:
 def diagnostics(result: Result, line_text: LineText) -> dict[str, list[types.Diagnostic]]:
     """path_key → diagnostics on that file (class lines and own forward lines of the suspects)."""
     thr = result.report.get("threshold")
+    suffix = serving_suffix(result.report)
     out: dict[str, list[types.Diagnostic]] = {}
     for m in result.marks:
         lead, *others = sorted(m.suspects, key=lambda s: s["rank"])
@@ -149,6 +210,7 @@ def diagnostics(result: Result, line_text: LineText) -> dict[str, list[types.Dia
         if others:
             msg += "; also " + "; ".join(f"#{s['rank']} {s['target']['module']} (ratio {fmt_ratio(s.get('error_ratio'))}×)"
                                          for s in others)
+        msg += suffix
         out.setdefault(path_key(m.path), []).append(types.Diagnostic(
             range=_line_range(m.line, line_text(m.path, m.line)), message=msg, severity=severity(m.rank),
             source=DIAGNOSTIC_SOURCE, code=CODES[m.kind],
@@ -163,8 +225,38 @@ def lens_title(s: dict[str, Any]) -> str:
     return " · ".join(parts + ["Show divergence"])
 
 
+def release_bisection(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's ``bisect`` section when it found the release that broke it (last good and first bad)."""
+    b = report.get("bisect")
+    if isinstance(b, dict) and b.get("outcome") == "regression-found" and b.get("first_bad") and b.get("last_good"):
+        return b
+    return None
+
+
+def release_lens_title(b: dict[str, Any], status: str | None = None) -> str:
+    """``changed in 1.1 (last good 1.0) · Show diff`` (a changed symbol: ``added in …`` when it is new)."""
+    if status is None and not b.get("changes"):
+        return f"first bad {b['first_bad']} (last good {b['last_good']}) · Show bisection"
+    verb = "added" if status == "added" else "changed"
+    return f"{verb} in {b['first_bad']} (last good {b['last_good']}) · Show diff"
+
+
+def _bisect_suspect(result: Result, b: dict[str, Any]) -> tuple[str, int] | None:
+    """(path, 0-based line) of the class the bisection names: its suspect (the first bad release's rank 1)."""
+    module = _dict(b.get("suspect")).get("module")
+    suspects = sorted(result.report.get("suspects", []), key=lambda s: s["rank"])
+    named = [s for s in suspects if module and s["target"]["module"] == module] or suspects[:1]
+    t = named[0]["target"] if named else _dict(b.get("suspect"))
+    if t.get("file") and isinstance(t.get("line"), int) and t["line"] >= 1:
+        return t["file"], t["line"] - 1
+    return None
+
+
 def code_lenses(result: Result, key: str, line_text: LineText) -> list[types.CodeLens]:
     lenses = []
+    b = release_bisection(result.report)
+    at = _bisect_suspect(result, b) if b else None
+    release_at = (path_key(at[0]), at[1]) if at else None
     for m in result.marks:
         if m.kind != "class" or path_key(m.path) != key:
             continue
@@ -173,6 +265,24 @@ def code_lenses(result: Result, key: str, line_text: LineText) -> list[types.Cod
                 range=_line_range(m.line, line_text(m.path, m.line)),
                 command=types.Command(title=lens_title(s), command=CLIENT_SHOW_DIVERGENCE,
                                       arguments=[{"jobId": result.job_id, "module": s["target"]["module"]}])))
+    if b is None:
+        return lenses
+    if at is not None and release_at == (key, at[1]):
+        lenses.append(types.CodeLens(
+            range=_line_range(at[1], line_text(at[0], at[1])),
+            command=types.Command(title=release_lens_title(b), command=CLIENT_SHOW_RELEASE_DIFF,
+                                  arguments=[{"jobId": result.job_id}])))
+    for c in b.get("changes") or []:
+        file, line = c.get("file_bad"), c.get("line_bad")
+        if not file or not isinstance(line, int) or line < 1 or path_key(file) != key:
+            continue
+        if release_at == (key, line - 1):      # the suspect's class line has its lens already
+            continue
+        lenses.append(types.CodeLens(
+            range=_line_range(line - 1, line_text(file, line - 1)),
+            command=types.Command(title=release_lens_title(b, c.get("status") or "changed"),
+                                  command=CLIENT_SHOW_RELEASE_DIFF,
+                                  arguments=[{"jobId": result.job_id, "symbol": c.get("symbol")}])))
     return lenses
 
 
@@ -208,6 +318,9 @@ def hover(result: Result, key: str, line: int) -> types.Hover | None:
     suspects = [s for s in result.report.get("suspects", []) if same(s["target"]["module"])]
     thr = result.report.get("threshold")
     lines = [f"**Ekka** · `{cls}` · {result.report.get('verdict', '?')} (job {result.job_id})", ""]
+    served = serving_line(result.report)
+    if served:
+        lines += [served, ""]
     for s in suspects:
         lines.append(f"- suspect **#{s['rank']}** `{s['target']['module']}`: error ratio "
                      f"{fmt_ratio(s.get('error_ratio'))}×{_onset(s)}")

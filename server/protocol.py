@@ -38,8 +38,14 @@ rank 2, 3 Information otherwise; suspects on one line merge into one diagnostic)
 ``ekka-suspect`` on the class definition line, ``ekka-suspect-forward`` on the class's own ``forward`` (not an
 inherited one in another file), ``ekka-suspect-call`` where the parent's forward calls the module.
 Code lenses on suspects' class lines: title ``Ekka #1 · ratio 49.7× · diverges from token 16 · Show
-divergence``, command ``ekka.showDivergence`` with ``[{jobId, module}]``. Hovers on the class (or own forward)
-line of any compared module's class: Markdown table of that class's modules and their error ratios, sparkline.
+divergence``, command ``ekka.showDivergence`` with ``[{jobId, module}]``. A report with a release bisection
+(``bisect``, outcome ``regression-found``) adds ``changed in 1.1 (last good 1.0) · Show diff`` on the class line
+of the suspect the bisection names (rank 1) with ``[{jobId}]``, and on each changed symbol's line in the first bad
+release's file (``file_bad:line_bad``) with ``[{jobId, symbol}]``; command ``ekka.showReleaseDiff`` (the client
+shows the diffs from the report it got with ``ekka/reportUpdated``). Hovers on the class (or own forward) line of
+any compared module's class: Markdown table of that class's modules and their error ratios, sparkline, and (with a
+``serving`` section) under which configuration it diverges and was traced. With configuration triage the
+diagnostics' message ends ``(served: diverges only with batching on)``.
 
 Notifications (server → client):
 
@@ -77,6 +83,8 @@ CMD_CLEAR = "ekka.server.clear"
 CMD_STATUS = "ekka.server.status"
 # Client-side command the code lenses invoke (registered by the extension, not by the server).
 CLIENT_SHOW_DIVERGENCE = "ekka.showDivergence"
+# Client-side command of the release-bisection code lenses: ``[{jobId, symbol?}]``.
+CLIENT_SHOW_RELEASE_DIFF = "ekka.showReleaseDiff"
 
 NOTIFY_REPORT_UPDATED = "ekka/reportUpdated"
 NOTIFY_JOB_STATE = "ekka/jobState"

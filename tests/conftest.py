@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import sys
 from pathlib import Path
@@ -46,26 +48,42 @@ def clean_diagnosis(zoo_model, tmp_path_factory) -> Callable[[str, str], tuple[i
     once per (arch, dtype) per session through the real CLI and shared by the tests that inspect it.
 
     The spec is a scenario as users send it: two prompts of different lengths together, then a chat conversation
-    (rendered by each framework's own chat template), served eager (the symptom check runs it as served: prefix
-    caching, chunked prefill and batching on; the trace runs the isolated baseline)."""
+    (rendered by each framework's own chat template). bf16 is served eager (the symptom check runs it as served:
+    prefix caching, chunked prefill and batching on; the trace runs the isolated baseline); fp32 is served as the
+    traced baseline (one engine run: those tests check the aligners, not the served features)."""
     import subprocess
     import sys
 
+    from ekka_core.capture.vllm_config import traced_baseline
     from ekka_core.repro import to_toml
 
-    done: dict[tuple[str, str], tuple[int, Path]] = {}
+    # Shared by every pytest-xdist worker of this session (their basetemps are siblings): the first worker to ask for
+    # an (arch, dtype) runs it under a lock, the others wait for it and read its exit code.
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    shared = shared / "clean-diagnoses"
+    shared.mkdir(parents=True, exist_ok=True)
 
     def run(arch: str, dtype: str) -> tuple[int, Path]:
-        if (arch, dtype) not in done:
-            out = tmp_path_factory.mktemp(f"clean-{arch}-{dtype}")
-            spec = out / "clean.ekka.toml"
-            spec.write_text(to_toml({"model": str(zoo_model(arch)), "dtype": dtype, "max_new_tokens": 3,
-                                     "engine_args": {"enforce_eager": True}, "requests": CLEAN_REQUESTS}))
-            cmd = [sys.executable, "-m", "ekka_core.cli", "diagnose", "--spec", str(spec), "--out", str(out)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            (out / "cli.log").write_text(proc.stdout + proc.stderr)
-            done[(arch, dtype)] = (proc.returncode, out)
-        return done[(arch, dtype)]
+        out = shared / f"clean-{arch}-{dtype}"
+        with open(shared / f"{arch}-{dtype}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = out / "exit-code.json"
+            if not done.exists():
+                out.mkdir(exist_ok=True)
+                spec = out / "clean.ekka.toml"
+                model = str(zoo_model(arch))
+                # bf16 is served as users serve (eager, the rest vLLM's defaults): symptom check, then the trace.
+                # The fp32 runs check the aligners pair by pair: served as the traced baseline (one engine run).
+                served = {"enforce_eager": True} if dtype == "bfloat16" else traced_baseline(model)
+                spec.write_text(to_toml({"model": model, "dtype": dtype, "max_new_tokens": 3,
+                                         "engine_args": served, "requests": CLEAN_REQUESTS}))
+                cmd = [sys.executable, "-m", "ekka_core.cli", "diagnose", "--spec", str(spec), "--out", str(out)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+                (out / "cli.log").write_text(proc.stdout + proc.stderr)
+                done.write_text(json.dumps(proc.returncode))
+            return json.loads(done.read_text()), out
 
     return run
 

@@ -22,6 +22,9 @@ from ekka_core.tree import ModelTree
 _FW = {"type": "string", "description": "'target' (the engine under test, e.g. vllm) or 'reference' (the trusted "
                                         "framework, e.g. hf); the framework's own name works too"}
 _PORT = {"type": "string", "enum": ["output", "input"]}
+# The two sides of a proposed correspondence, as infer_tensor_match and propose_mapping both take them.
+_MODULE_PAIR = {"target_module": {"type": "string"},
+                "reference_modules": {"type": "array", "items": {"type": "string"}, "minItems": 1}}
 
 TOOLS: list[dict[str, Any]] = [
     {"name": "get_model_tree",
@@ -48,10 +51,7 @@ TOOLS: list[dict[str, Any]] = [
                     "split sizes), a feature slice of either side, a permutation of features. Compares the "
                     "traced rows (relative L2 error, cosine); tries the reference's output and input unless "
                     "reference_port is given. Matching candidates include the exact propose_mapping arguments.",
-     "input_schema": {"type": "object", "properties": {
-         "target_module": {"type": "string"},
-         "reference_modules": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-         "target_port": _PORT, "reference_port": _PORT},
+     "input_schema": {"type": "object", "properties": {**_MODULE_PAIR, "target_port": _PORT, "reference_port": _PORT},
          "required": ["target_module", "reference_modules"]}},
     {"name": "propose_mapping",
      "description": "Propose what a target component computes in the reference. target_module may use '{i}' for "
@@ -64,8 +64,7 @@ TOOLS: list[dict[str, Any]] = [
                     "target_select 'stream' sums a (hidden, residual) pair. scale multiplies the target side. "
                     "The validator checks it when you call finish.",
      "input_schema": {"type": "object", "properties": {
-         "target_module": {"type": "string"},
-         "reference_modules": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+         **_MODULE_PAIR,
          "relation": {"type": "string", "enum": list(RELATIONS)},
          "port": _PORT,
          "select": {"type": "string", "description": "first | stream | all | named:<key> (default first)"},

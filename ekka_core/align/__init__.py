@@ -20,6 +20,7 @@ from typing import Iterator
 
 import torch
 
+from ekka_core.capture.routing import routing_tie_rows
 from ekka_core.capture.trace import ModuleCall, TensorRef, Trace, token_axis
 from ekka_core.contracts.alignment import AlignmentFailure
 from ekka_core.contracts.errors import BadInput, InternalFailure
@@ -102,9 +103,7 @@ def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[
     """MoE tokens whose top-k expert choice is decided by less than the reference's own rounding noise.
 
     The reference router (an HF module named ``gate`` returning logits ``[tokens, experts]`` and the chosen
-    expert ids ``[tokens, k]``) gives, per token, the margin between the k-th and (k+1)-th logit in fp32 and how
-    far the low-precision reference's logits moved. Two logits that each move by that much can swap order only if
-    their margin is below twice the movement: such a token's routing is a tie within noise."""
+    expert ids ``[tokens, k]``), in fp32 and in low precision, decides it (:func:`routing_tie_rows`)."""
     out: dict[Key, tuple[int, str]] = {}
     y, x = traces.reference_fp32, traces.reference
     for call in y.calls:
@@ -116,19 +115,12 @@ def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[
         twin = next((c for c in x.calls_of(call.module) if c.step == call.step), None)
         if ids is None or logits is None or twin is None:
             continue
-        k = ids.shape[-1]
-        yl = y.tensor(logits).float().reshape(-1, logits.shape[-1])
         xref = next(o for o in twin.outputs if isinstance(o, TensorRef) and o.shape == logits.shape)
-        xl = x.tensor(xref).float().reshape(-1, logits.shape[-1])
-        if yl.shape[-1] <= k:
-            continue
-        top = yl.topk(k + 1, dim=-1).values
-        margin = top[:, k - 1] - top[:, k]
-        noise = (xl - yl).abs().amax(dim=-1)
+        tied, margin, noise = routing_tie_rows(y.tensor(logits), x.tensor(xref), ids.shape[-1])
         block = call.module.rsplit(".", 1)[0]
         start = min((o for m, o in order.items() if m == block or m.startswith(block + ".")), default=0)
         step = y.steps[call.step]
-        for row in torch.nonzero(margin < 2 * noise).flatten().tolist():
+        for row in torch.nonzero(tied).flatten().tolist():
             key = (step.seq[row], step.pos[row])
             if key not in out:
                 out[key] = (start, f"{block}: expert routing tie within noise (margin {margin[row]:.2g}, "
@@ -295,7 +287,7 @@ def _select(trace: Trace, call: ModuleCall, ep: Endpoint) -> torch.Tensor | None
 
 def is_float(ref: TensorRef) -> bool:
     """A floating-point tensor (activations); ids, masks and routing choices are not."""
-    return ref.dtype in ("float32", "float16", "bfloat16", "float64")
+    return ref.is_float
 
 
 def _token_rows(t: torch.Tensor, n: int, module: str) -> torch.Tensor:

@@ -81,6 +81,8 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
         result.target = external_target(spec)
     else:
         progress(f"tracing the target ({spec.target}, {spec.dtype})")
+        if args is None and spec.target == "vllm":
+            args, changes = _traced_baseline_args(spec)
         run_file = traces / "run.in.json"
         run_file.write_text(json.dumps({"args": args, "label": name or "traced", "trace": True,
                                         "changes": changes or []}, default=str))
@@ -90,6 +92,17 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
     _worker("reference", spec_file, result.reference, env, extra=[str(result.target), str(result.reference_fp32)])
     stamp.write_text(json.dumps({"fingerprint": fingerprint, "spec": spec.to_json()}))
     return result
+
+
+def _traced_baseline_args(spec: DiagnosisSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The traced baseline for a caller that names no configuration: the spec's served arguments with every
+    change tracing needs, each one recorded."""
+    from dataclasses import asdict
+
+    from ekka_core.capture.vllm_config import configuration, served_args
+    served, machine = served_args(spec)
+    args, changes = configuration(served, None)
+    return args, [asdict(c) for c in machine + changes]
 
 
 def run_engine(spec: DiagnosisSpec, directory: Path, args: dict[str, Any], *, label: str, fresh: bool = False,

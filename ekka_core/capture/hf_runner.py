@@ -46,19 +46,27 @@ def own_inputs(model: str, requests: list[RequestSpec]) -> list[list[int]]:
     return out
 
 
-def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str) -> dict[str, Any]:
+def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str,
+          routers: dict[int, list[tuple[torch.Tensor, int]]] | None = None) -> dict[str, Any]:
     """Teacher-force HF on what the engine fed and generated, and read its logprobs where the engine sampled, for
-    the token ids the engine reported (its top-k) — the symptom check's reference, one forward per request."""
+    the token ids the engine reported (its top-k) — the symptom check's reference, one forward per request.
+    ``routers`` (when given) receives, per request, every MoE router call's (logits, k) in execution order."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=getattr(torch, dtype),
                                                  attn_implementation=ATTN_IMPLEMENTATION)
     model.eval()
+    calls: list[tuple[torch.Tensor, int]] = []
+    handles = [m.register_forward_hook(lambda _m, _i, out: _record_router(out, calls))
+               for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "gate"] if routers is not None else []
     scored = []
     with torch.no_grad():
         for r in outputs.requests:
             ids = r.prompt_token_ids + r.generated[:-1]
+            calls.clear()
             logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+            if routers is not None:
+                routers[r.request] = list(calls)
             start = len(r.prompt_token_ids) - 1            # the row that sampled generated[0]
             rows = logits[start:start + len(r.generated)].log_softmax(-1)
             steps = []
@@ -67,7 +75,37 @@ def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str) -> dict[str, 
                 steps.append({"tokens": tokens, "logprobs": rows[j, tokens].tolist(),
                               "argmax": int(rows[j].argmax())})
             scored.append({"request": r.request, "steps": steps})
+    for h in handles:
+        h.remove()
     return {"dtype": dtype, "requests": scored}
+
+
+def _record_router(out: Any, calls: list[tuple[torch.Tensor, int]]) -> None:
+    """An MoE router's output (HF: logits ``[tokens, experts]``, weights and expert ids ``[tokens, k]``)."""
+    outs = out if isinstance(out, tuple) else (out,)
+    ids = next((t for t in outs if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() >= 2), None)
+    if ids is None:
+        return
+    logits = next((t for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2
+                   and t.shape[-1] > ids.shape[-1]), None)
+    if logits is not None:
+        calls.append((logits.detach().float().reshape(-1, logits.shape[-1]), int(ids.shape[-1])))
+
+
+def routing_ties(low: dict[int, list[tuple[torch.Tensor, int]]], fp32: dict[int, list[tuple[torch.Tensor, int]]]
+                 ) -> dict[str, list[int]]:
+    """Per request (JSON keys), the token positions whose expert routing is a tie within the reference's rounding
+    noise in some layer (:func:`ekka_core.capture.routing.routing_tie_rows`)."""
+    from ekka_core.capture.routing import routing_tie_rows
+
+    out: dict[str, list[int]] = {}
+    for request, calls in fp32.items():
+        tied: set[int] = set()
+        for (y, k), (x, _) in zip(calls, low.get(request, [])):
+            tied.update(torch.nonzero(routing_tie_rows(y, x, k)[0]).flatten().tolist())
+        if tied:
+            out[str(request)] = sorted(tied)
+    return out
 
 
 # Functions HF calls inside a module's forward that compute a component engines implement as a module

@@ -43,9 +43,12 @@ def main(argv: list[str]) -> int:
             from ekka_core.capture import SCORES_FILE, hf_runner
             from ekka_core.contracts.serving import EngineOutputs
             outputs = EngineOutputs.load(out)
-            scores = {"low": hf_runner.score(spec, outputs, outputs.dtype),
-                      "fp32": hf_runner.score(spec, outputs, "float32"),
+            low_routers: dict = {}
+            fp32_routers: dict = {}
+            scores = {"low": hf_runner.score(spec, outputs, outputs.dtype, low_routers),
+                      "fp32": hf_runner.score(spec, outputs, "float32", fp32_routers),
                       "own_prompt_token_ids": hf_runner.own_inputs(spec.model, spec.request_list())}
+            scores["routing_ties"] = hf_runner.routing_ties(low_routers, fp32_routers)
             (out / SCORES_FILE).write_text(json.dumps(scores))
         else:
             raise ValueError(f"unknown role {role}")

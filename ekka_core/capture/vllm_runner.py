@@ -64,6 +64,12 @@ def check_engine_args(args: dict[str, Any]) -> None:
                            "with _ for -)")
 
 
+def _request_rejected(error: Exception) -> bool:
+    """vLLM's input validation refusing a request (a prompt longer than ``max_model_len``): the user's input, not a
+    crash."""
+    return type(error).__name__ == "VLLMValidationError" or "maximum context length" in str(error)
+
+
 def _start(args: dict[str, Any], model: str) -> Any:
     from vllm import LLM
 
@@ -74,6 +80,8 @@ def _start(args: dict[str, Any], model: str) -> Any:
     except Exception as e:
         text = str(e)
         lowered = text.lower()
+        if "not supported" in lowered and "architecture" in lowered:
+            raise engine_start_error("vLLM", model, e) from e     # the checkpoint, not an engine argument
         if "validation error" in lowered or "kv cache" in lowered or "max_model_len" in lowered \
                 or "max_num_batched_tokens" in lowered or "block_size" in lowered:
             # The served configuration cannot start here (not enough KV cache, an invalid value): the engine's
@@ -172,6 +180,12 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
             _close_trace(llm, {}, [], [], [], [], [], "stopped by bad input")
         raise
     except Exception as e:  # noqa: BLE001 - the trace so far is kept, marked incomplete
+        if _request_rejected(e):
+            if trace:
+                _close_trace(llm, {}, [], [], [], [], [], "stopped by bad input")
+            raise BadInput(f"vLLM refuses a request: {str(e).splitlines()[0]}",
+                           fix=f"raise max_model_len (now {resolved.get('max_model_len')}; --engine-arg "
+                               "max_model_len=N, at most the checkpoint's positions) or shorten the prompt") from e
         failure = f"vLLM crashed during generation: {type(e).__name__}: {e}"
 
     result = EngineOutputs(framework="vllm", framework_version=vllm_compat.version(), label=label, args=args,

@@ -45,7 +45,8 @@ class ConfigChange:
     why: str
 
     def words(self) -> str:
-        return f"{self.arg}={self.traced!r} (served: {self.served!r}) — {self.why}"
+        served = "unset" if self.served is None else repr(self.served)
+        return f"{self.arg}={self.traced!r} (served: {served}) — {self.why}"
 
 
 @dataclass
@@ -108,6 +109,9 @@ class PositionRatio:
     position: int                    # token position whose logits were compared (the one that sampled)
     ratio: float
     token_matches_reference: bool    # the engine's sampled token is the reference's argmax there (fp32)
+    # An MoE token whose expert choice is a tie within the reference's own rounding: a correct engine may route it
+    # elsewhere, so it is shown but left out of the run's ratio.
+    routing_tie: bool = False
 
 
 @dataclass

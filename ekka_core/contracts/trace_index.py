@@ -29,12 +29,20 @@ SCHEMA = "ekka.trace/1"
 INDEX = "index.json"
 
 
+# Floating-point dtypes as a trace spells them: activations (ids, masks and routing choices are not).
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
 @dataclass
 class TensorRef:
     key: str
     shard: int
     shape: list[int]
     dtype: str
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
 
 
 @dataclass

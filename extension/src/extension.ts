@@ -29,18 +29,20 @@ import {
   SERVER_CLEAR_COMMAND,
   SERVER_DIAGNOSE_COMMAND,
   SHOW_DIVERGENCE_COMMAND,
+  SHOW_RELEASE_DIFF_COMMAND,
 } from "./protocol";
 import { onDidChangePythonInterpreter, pythonExtensionInterpreter } from "./pythonExtension";
 import { getServerSettings } from "./settings";
 import { SECRET_KEY, clearApiKey, serverEnv, setApiKey } from "./secrets";
 import { type SourceLocation, type SuspectNode, callSiteLocation, classLocation, findSuspect } from "./suspects";
 import { OPEN_LOCATION_COMMAND, SuspectTreeProvider, openLocation } from "./tree";
-import { DivergencePanel } from "./webview";
+import { DivergencePanel, ReleaseDiffPanel } from "./webview";
 
 export const COMMANDS = {
   diagnose: "ekka.diagnose",
   cancel: "ekka.cancel",
   showDivergence: SHOW_DIVERGENCE_COMMAND,
+  showReleaseDiff: SHOW_RELEASE_DIFF_COMMAND,
   restartServer: "ekka.restartServer",
   clearResults: "ekka.clearResults",
   showLogs: "ekka.showLogs",
@@ -90,6 +92,7 @@ class Ekka implements vscode.Disposable {
   readonly jobs = new JobTracker();
   readonly tree = new SuspectTreeProvider();
   readonly panel = new DivergencePanel();
+  readonly diffPanel = new ReleaseDiffPanel();
   treeView: vscode.TreeView<SuspectNode> | undefined;
 
   constructor(
@@ -278,6 +281,7 @@ class Ekka implements vscode.Disposable {
     }
     void vscode.commands.executeCommand("setContext", "ekka.hasReport", true);
     this.panel.refresh(update);
+    this.diffPanel.refresh(update);
     this.updateStatus();
     this.output.info(`Report updated (job ${update.jobId}): ${update.report.verdict}: ${summarizeReport(update.report)}`);
   }
@@ -391,6 +395,19 @@ class Ekka implements vscode.Disposable {
     return true;
   }
 
+  /** The release-bisection code lens's `{jobId, symbol?}`: the diffs of the report's `bisect` section. */
+  showReleaseDiff(arg?: unknown): boolean {
+    const a = (arg ?? {}) as { jobId?: string; symbol?: string };
+    const update = this.reportFor(typeof a.jobId === "string" ? a.jobId : undefined);
+    if (update === undefined || !update.report.bisect) {
+      void vscode.window.showInformationMessage(
+        "Ekka: no release bisection in this report (run `ekka bisect` to find the release that broke it).",
+      );
+      return false;
+    }
+    return this.diffPanel.show(update, typeof a.symbol === "string" ? a.symbol : undefined);
+  }
+
   /** The call site of a suspect: a tree node, or `{jobId, module}`. */
   openCallSite(arg?: unknown): Promise<boolean> {
     const a = (arg ?? {}) as { jobId?: string; module?: string; suspect?: ReportUpdated["report"]["suspects"][number] };
@@ -416,6 +433,7 @@ class Ekka implements vscode.Disposable {
       this.treeView.badge = undefined;
     }
     this.panel.close();
+    this.diffPanel.close();
     void vscode.commands.executeCommand("setContext", "ekka.hasReport", false);
     if (this.client !== undefined) {
       this.client.diagnostics?.clear();
@@ -448,6 +466,7 @@ class Ekka implements vscode.Disposable {
     this.jobs.dispose();
     this.tree.dispose();
     this.panel.dispose();
+    this.diffPanel.dispose();
   }
 }
 
@@ -475,6 +494,7 @@ export function activate(context: vscode.ExtensionContext): EkkaApi {
     vscode.commands.registerCommand(COMMANDS.diagnose, (uri?: vscode.Uri) => ekka.diagnose(uri)),
     vscode.commands.registerCommand(COMMANDS.cancel, (jobId?: string) => ekka.cancel(jobId)),
     vscode.commands.registerCommand(COMMANDS.showDivergence, (arg?: unknown) => ekka.showDivergence(arg)),
+    vscode.commands.registerCommand(COMMANDS.showReleaseDiff, (arg?: unknown) => ekka.showReleaseDiff(arg)),
     vscode.commands.registerCommand(COMMANDS.restartServer, () => ekka.restart()),
     vscode.commands.registerCommand(COMMANDS.clearResults, () => ekka.clearResults()),
     vscode.commands.registerCommand(COMMANDS.showLogs, () => output.show()),

@@ -8,6 +8,8 @@ export const SERVER_CLEAR_COMMAND = "ekka.server.clear";
 
 /** Client command the server's code lenses invoke, with `{jobId, module}`. */
 export const SHOW_DIVERGENCE_COMMAND = "ekka.showDivergence";
+/** Client command of the release-bisection code lenses, with `{jobId, symbol?}`: the report's `bisect` diffs. */
+export const SHOW_RELEASE_DIFF_COMMAND = "ekka.showReleaseDiff";
 
 /** Custom notifications (server → client). */
 export const REPORT_UPDATED_NOTIFICATION = "ekka/reportUpdated";
@@ -66,6 +68,96 @@ export interface Plots {
   heatmap: HeatMap;
 }
 
+/** One compared position of a symptom check (logits level). */
+export interface PositionRatio {
+  request: number;
+  position: number;
+  ratio: number;
+  token_matches_reference?: boolean;
+}
+
+/** A symptom check: one engine run's logits against the reference (ekka_core/contracts/serving.py). */
+export interface SymptomCheck {
+  label: string;
+  ratio: number | null;
+  diverges: boolean;
+  threshold?: number;
+  positions?: PositionRatio[];
+  first?: PositionRatio | null;
+  cached_tokens?: number;
+  same_dtype?: number | null;
+  note?: string;
+}
+
+/** One engine argument the traced run sets differently from the served configuration. */
+export interface ConfigChange {
+  arg: string;
+  served: unknown;
+  traced: unknown;
+  why: string;
+}
+
+/** One configuration triage tried: the traced baseline plus the served `factors`. */
+export interface Trial {
+  factors: string[];
+  args?: Record<string, unknown>;
+  /** null: the configuration could not run (`error` says why). */
+  ratio: number | null;
+  diverges: boolean | null;
+  seconds?: number;
+  error?: string | null;
+}
+
+export interface Triage {
+  served?: SymptomCheck | null;
+  baseline?: SymptomCheck | null;
+  differing?: Record<string, { served: unknown; baseline: unknown }>;
+  ruled_out?: Record<string, string>;
+  trials?: Trial[];
+  culprit?: string[];
+  direction?: string;
+  words?: string;
+  traced_under?: string[];
+  untraceable?: string[];
+}
+
+/** report.json `serving`: the served configuration, its symptom check, what tracing changed, triage. */
+export interface Serving {
+  served_args?: Record<string, unknown> | null;
+  served_resolved?: Record<string, unknown> | null;
+  served?: SymptomCheck | null;
+  traced?: SymptomCheck | null;
+  traced_args?: Record<string, unknown> | null;
+  changes?: ConfigChange[] | null;
+  triage?: Triage | null;
+}
+
+/** One symbol whose source differs between the last good and the first bad release. */
+export interface BisectChange {
+  symbol: string;
+  kind?: string;
+  status?: string;
+  file_good?: string | null;
+  line_good?: number | null;
+  file_bad?: string | null;
+  line_bad?: number | null;
+  unified_diff?: string;
+}
+
+/** report.json `bisect`, schema "ekka.bisect/1" (ekka_core/bisect). */
+export interface Bisect {
+  schema?: string;
+  outcome?: string;
+  last_good?: string | null;
+  first_bad?: string | null;
+  tried?: { label: string; verdict: string; top_suspect?: string | null; seconds?: number }[];
+  suspect?: { module?: string; class?: string; file?: string | null; line?: number | null } | null;
+  changes?: BisectChange[];
+  custom_ops?: string[];
+  note?: string;
+  fix?: { last_bad?: string; first_good?: string; changes?: BisectChange[]; note?: string } | null;
+}
+
 /** `OUTDIR/report.json`, schema "ekka.report/1". */
 export interface Report {
   schema: string;
@@ -77,6 +169,8 @@ export interface Report {
   notes?: string[];
   plots?: Plots;
   inputs_differ?: unknown[];
+  serving?: Serving | null;
+  bisect?: Bisect | null;
 }
 
 /** Payload of `ekka/reportUpdated`. */

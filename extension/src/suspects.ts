@@ -1,7 +1,7 @@
 // The "Silent errors" tree as plain data: what each row shows and where clicking it goes. Pure: no 'vscode'
 // import (src/tree.ts turns these nodes into TreeItems), so the unit tests check it directly.
 import { baseName, formatLocation, formatRatio, formatSuspectDetail, formatSuspectLabel, suspectName } from "./format";
-import type { Report, ReportUpdated, Suspect } from "./protocol";
+import type { Report, ReportUpdated, Serving, Suspect, SymptomCheck, Trial } from "./protocol";
 
 /** A source location; `line` is 1-based as in report.json (the editor's line is `line - 1`). */
 export interface SourceLocation {
@@ -9,7 +9,21 @@ export interface SourceLocation {
   line: number;
 }
 
-export type NodeKind = "suspect" | "class" | "callSite" | "forward" | "module" | "reference" | "evidence" | "info";
+export type NodeKind =
+  | "suspect"
+  | "class"
+  | "callSite"
+  | "forward"
+  | "module"
+  | "reference"
+  | "evidence"
+  | "info"
+  | "serving"
+  | "servingCulprit"
+  | "servingTrials"
+  | "servingTrial"
+  | "servingChanges"
+  | "servingChange";
 
 export interface SuspectNode {
   kind: NodeKind;
@@ -27,6 +41,8 @@ export interface SuspectNode {
   jobId: string;
   suspect?: Suspect;
   children: SuspectNode[];
+  /** Shown expanded at first (default: the rank-1 suspect only). */
+  expanded?: boolean;
 }
 
 function location(file: string | null | undefined, line: number | null | undefined): SourceLocation | undefined {
@@ -115,6 +131,173 @@ export function suspectNodes(update: Pick<ReportUpdated, "jobId" | "report">): S
       children: suspectChildren(jobId, s),
     };
   });
+}
+
+/** An engine argument's value as the tree shows it (JSON: `true`, `64`, `["none"]`); unset when absent. */
+export function formatArgValue(v: unknown): string {
+  if (v === undefined || v === null) return "unset";
+  if (typeof v === "string") return v;
+  try {
+    return JSON.stringify(v);
+  } catch {
+    return String(v);
+  }
+}
+
+/** Engine arguments in one line, without the model path and seed (the same for every configuration). */
+export function formatArgs(args: Record<string, unknown> | null | undefined): string {
+  const shown = Object.entries(args ?? {}).filter(([k]) => k !== "model" && k !== "seed");
+  return shown.length ? shown.map(([k, v]) => `${k}=${formatArgValue(v)}`).join(", ") : "the engine's defaults";
+}
+
+function checkState(c: SymptomCheck): string {
+  return `${c.diverges ? "diverges" : "consistent"} (ratio ${formatRatio(c.ratio)}×)`;
+}
+
+function checkDetail(c: SymptomCheck): string {
+  const first = c.first ? `; first at request ${c.first.request}, token ${c.first.position}` : "";
+  const cached = c.cached_tokens ? `; ${c.cached_tokens} prompt tokens from the prefix cache` : "";
+  const thr = c.threshold !== undefined ? ` (threshold ${c.threshold})` : "";
+  return `${c.label}: ${c.diverges ? "diverges from" : "matches"} the reference at the logits level, ratio ` +
+    `${formatRatio(c.ratio)}×${thr}${first}${cached}${c.note ? ` — ${c.note}` : ""}`;
+}
+
+/** Seconds as the trial rows show them: one decimal below 10 s ("7.7"), whole seconds from 10 s on ("10"). */
+function formatSeconds(s: number): string {
+  const r = Math.round(s * 10) / 10;
+  return r >= 10 ? String(Math.round(s)) : r.toFixed(1);
+}
+
+function mark(diverges: boolean | null | undefined): string {
+  return diverges === true ? "diverges ✓" : diverges === false ? "diverges ✗" : "diverges ?";
+}
+
+function trialNode(jobId: string, id: string, label: string, t: Trial, culprit: boolean): SuspectNode {
+  const failed = typeof t.error === "string" && t.error !== "";
+  const secs = typeof t.seconds === "number" && t.seconds > 0 ? ` · ${formatSeconds(t.seconds)} s` : "";
+  const description = failed
+    ? `could not run${secs}`
+    : `${formatRatio(t.ratio)}× · ${mark(t.diverges)}${secs}${culprit ? " · culprit" : ""}`;
+  const outcome = failed
+    ? `could not run: ${t.error}`
+    : `logits-level ratio ${formatRatio(t.ratio)}× — ${t.diverges ? "diverges" : "matches the reference"}`;
+  const tooltip = [
+    `${label}: ${outcome}${secs ? ` (${secs.slice(" · ".length)})` : ""}`,
+    culprit ? "The culprit: the smallest set of served features that makes the difference." : "",
+    t.args ? `engine arguments: ${formatArgs(t.args)}` : "",
+  ];
+  return {
+    kind: "servingTrial", id: `${jobId}/serving/trials/${id}`, label, description,
+    tooltip: tooltip.filter(Boolean).join("\n"),
+    icon: failed ? "warning" : t.diverges ? "error" : "pass",
+    ariaLabel: `${label}: ${description}`, jobId, children: [],
+  };
+}
+
+function checkRow(
+  jobId: string,
+  id: string,
+  label: string,
+  c: SymptomCheck,
+  args?: Record<string, unknown> | null,
+): SuspectNode {
+  const description = `${formatRatio(c.ratio)}× · ${mark(c.diverges)}`;
+  return {
+    kind: "servingTrial", id: `${jobId}/serving/trials/${id}`, label, description,
+    tooltip: checkDetail(c) + (args ? `\nengine arguments: ${formatArgs(args)}` : ""),
+    icon: c.diverges ? "error" : "pass", ariaLabel: `${label}: ${description}`, jobId, children: [],
+  };
+}
+
+const sameSet = (a: string[], b: string[]) =>
+  a.length === b.length && [...a].sort().join("\n") === [...b].sort().join("\n");
+
+/**
+ * The "Served configuration" node (above the suspects) of a report with a `serving` section: the served run's
+ * symptom check, configuration triage's culprit in words, the configurations it tried, and what Ekka changed to
+ * trace. None for a report without one (older reports, targets without a served-configuration check).
+ */
+export function servingNodes(update: Pick<ReportUpdated, "jobId" | "report">): SuspectNode[] {
+  const { jobId } = update;
+  const serving: Serving | null | undefined = update.report.serving;
+  if (serving === null || typeof serving !== "object") return [];
+  const base = `${jobId}/serving`;
+  const served = serving.served ?? serving.triage?.served ?? undefined;
+  const triage = serving.triage ?? undefined;
+  const kids: SuspectNode[] = [];
+  const tracedUnder = triage?.traced_under ?? [];
+  if (triage?.words) {
+    const culprit = triage.culprit ?? [];
+    const extra = [
+      culprit.length ? `Culprit: ${culprit.join(", ")}.` : "",
+      tracedUnder.length ? `The suspects were traced again with ${tracedUnder.join(", ")} as served.` : "",
+      triage.untraceable?.length ? `Hooks cannot see into ${triage.untraceable.join(", ")}.` : "",
+    ].filter(Boolean);
+    kids.push({
+      kind: "servingCulprit", id: `${base}/culprit`, label: triage.words,
+      tooltip: [triage.words, ...extra].join("\n"), icon: "lightbulb",
+      ariaLabel: `configuration triage: ${triage.words}`, jobId, children: [],
+    });
+  }
+  if (triage) {
+    const culprit = triage.culprit ?? [];
+    const rows: SuspectNode[] = [];
+    const servedCheck = triage.served ?? serving.served;
+    const baseline = triage.baseline ?? serving.traced;
+    if (servedCheck) rows.push(checkRow(jobId, "served", "served configuration", servedCheck, serving.served_args));
+    if (baseline) rows.push(checkRow(jobId, "baseline", "traced baseline", baseline, serving.traced_args));
+    (triage.trials ?? []).forEach((t, i) => {
+      const factors = Array.isArray(t.factors) ? t.factors : [];
+      const label = `baseline + ${factors.length ? factors.join(", ") : "nothing"}`;
+      rows.push(trialNode(jobId, String(i), label, t, culprit.length > 0 && sameSet(factors, culprit)));
+    });
+    const ruledOut = Object.entries(triage.ruled_out ?? {}).map(([f, why]) => `${f}: ruled out — ${why}`);
+    const n = triage.trials?.length ?? 0;
+    const tried = n ? `${n} trial${n === 1 ? "" : "s"}` : "served and baseline";
+    kids.push({
+      kind: "servingTrials", id: `${base}/trials`, label: "Configurations tried", description: tried,
+      tooltip: ["Configuration triage: the traced baseline with subsets of the served features turned back on.", ...ruledOut].join("\n"),
+      icon: "beaker", ariaLabel: `Configurations tried: ${tried}`, jobId, children: rows,
+    });
+  }
+  const changes = serving.changes ?? [];
+  if (changes.length) {
+    const rows = changes.map((c, i): SuspectNode => {
+      const label = `${c.arg}=${formatArgValue(c.traced)} (served: ${formatArgValue(c.served)})`;
+      return {
+        kind: "servingChange", id: `${base}/changes/${i}`, label, description: c.why, tooltip: `${label} — ${c.why}`,
+        icon: "arrow-swap", ariaLabel: `${label} — ${c.why}`, jobId, children: [],
+      };
+    });
+    kids.push({
+      kind: "servingChanges", id: `${base}/changes`, label: "Changed for tracing",
+      description: `${changes.length} argument${changes.length === 1 ? "" : "s"}`,
+      tooltip: "What Ekka changed in the served configuration to trace it" +
+        (tracedUnder.length ? ` (the suspects were traced again with ${tracedUnder.join(", ")} as served)` : "") +
+        (serving.traced_args ? `\ntraced with: ${formatArgs(serving.traced_args)}` : ""),
+      icon: "settings", ariaLabel: `Changed for tracing: ${changes.length} argument${changes.length === 1 ? "" : "s"}`,
+      jobId, children: rows,
+    });
+  }
+  const state = served ? checkState(served) : "not checked";
+  const label = `Served configuration: ${state}`;
+  const r = serving.served_resolved ?? {};
+  const resolved = Object.keys(r).length
+    ? `\nthe engine resolved: compile mode ${formatArgValue(r.compilation_mode)}, custom ops ${formatArgValue(r.custom_ops)}, ` +
+      `prefix caching ${formatArgValue(r.enable_prefix_caching)}, chunk budget ${formatArgValue(r.max_num_batched_tokens)}, ` +
+      `up to ${formatArgValue(r.max_num_seqs)} requests per step`
+    : "";
+  return [{
+    kind: "serving", id: base, label, description: formatArgs(serving.served_args),
+    tooltip: `${served ? checkDetail(served) : "The served configuration was not checked."}\nserved with: ` +
+      `${formatArgs(serving.served_args)}${resolved}${triage?.words ? `\n\n${triage.words}` : ""}`,
+    icon: "server-process", ariaLabel: label, jobId, children: kids, expanded: Boolean(triage?.words),
+  }];
+}
+
+/** The whole tree's roots: the served configuration (when the report has one), then the suspects. */
+export function treeNodes(update: Pick<ReportUpdated, "jobId" | "report">): SuspectNode[] {
+  return [...servingNodes(update), ...suspectNodes(update)];
 }
 
 /** The line above the tree (TreeView.message): the verdict and what was diagnosed. */

@@ -1,17 +1,19 @@
-// The "Silent errors" view: the ranked suspects of the latest report (nodes built by suspects.ts).
+// The "Silent errors" view: the served configuration and the ranked suspects of the latest report (nodes built by
+// suspects.ts).
 import * as vscode from "vscode";
 import type { ReportUpdated } from "./protocol";
-import { type SourceLocation, type SuspectNode, suspectNodes, treeMessage } from "./suspects";
+import { type SourceLocation, type SuspectNode, treeMessage, treeNodes } from "./suspects";
 
 /** Command (registered by the extension, hidden from the palette) that opens a source location. */
 export const OPEN_LOCATION_COMMAND = "ekka.openLocation";
 
-/** TreeItem for one node: suspects are collapsible (the first one expanded), clicking opens `node.location`. */
+/** TreeItem for one node: nodes with children are collapsible (the first suspect expanded, and any node that asks
+ * to be), clicking opens `node.location`. */
 export function toTreeItem(node: SuspectNode): vscode.TreeItem {
   const collapsible =
     node.children.length === 0
       ? vscode.TreeItemCollapsibleState.None
-      : node.suspect?.rank === 1
+      : (node.expanded ?? node.suspect?.rank === 1)
         ? vscode.TreeItemCollapsibleState.Expanded
         : vscode.TreeItemCollapsibleState.Collapsed;
   const item = new vscode.TreeItem(node.label, collapsible);
@@ -41,7 +43,7 @@ export class SuspectTreeProvider implements vscode.TreeDataProvider<SuspectNode>
 
   setReport(update: ReportUpdated | undefined): void {
     this.current = update;
-    this.nodes = update === undefined ? [] : suspectNodes(update);
+    this.nodes = update === undefined ? [] : treeNodes(update);
     this.emitter.fire(undefined);
   }
 
@@ -62,7 +64,15 @@ export class SuspectTreeProvider implements vscode.TreeDataProvider<SuspectNode>
   }
 
   getParent(node: SuspectNode): SuspectNode | undefined {
-    return this.nodes.find((n) => n.children.includes(node));
+    const find = (nodes: SuspectNode[]): SuspectNode | undefined => {
+      for (const n of nodes) {
+        if (n.children.includes(node)) return n;
+        const deeper = find(n.children);
+        if (deeper !== undefined) return deeper;
+      }
+      return undefined;
+    };
+    return find(this.nodes);
   }
 
   dispose(): void {

@@ -33,6 +33,7 @@ const EXPECTED_COMMANDS = [
   "ekka.setApiKey",
   "ekka.showDivergence",
   "ekka.showLogs",
+  "ekka.showReleaseDiff",
 ];
 
 interface FakeContext {

@@ -102,7 +102,7 @@ test("internal commands are hidden from the palette", () => {
     .filter((e: { when: string }) => e.when === "false")
     .map((e: { command: string }) => e.command)
     .sort();
-  assert.deepEqual(hidden, ["ekka.openCallSite", "ekka.openLocation"]);
+  assert.deepEqual(hidden, ["ekka.openCallSite", "ekka.openLocation", "ekka.showReleaseDiff"]);
 });
 
 test("a 'Silent errors' view in an Ekka activity bar container, with a welcome that offers the diagnosis", () => {

@@ -93,8 +93,11 @@ def rules_off(zoo_model, tmp_path_factory) -> tuple[dict, Path, FakeAnthropic]:
     """A full diagnosis of the injected bug with the rules off and the scripted agent mapping everything."""
     bug = bugs.get(BUG)
     root = tmp_path_factory.mktemp("llama-rules-off")
-    spec = DiagnosisSpec(model=str(zoo_model(bug.arch, **bug.zoo_overrides)),
-                         prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype, max_new_tokens=4)
+    from ekka_core.capture.vllm_config import traced_baseline
+
+    model = str(zoo_model(bug.arch, **bug.zoo_overrides))
+    spec = DiagnosisSpec(model=model, prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype, max_new_tokens=4,
+                         engine_args=traced_baseline(model))
     with FakeAnthropic(estimate_usage=True) as api:
         script_llama(api)
         cfg = AgentConfig(api_key="test-key", base_url=api.url, kb_dir=root / "kb", shipped_kb=False,

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -191,9 +190,7 @@ def test_bisect_over_fake_releases_finds_first_bad_and_the_changed_lines(tmp_pat
     args = ["bisect", *[a for label in labels for a in ("--env", f"{label}={pythons[label]}")],
             "--model", str(model), "--prompt", "Once upon a time there was a small model that learned to count",
             "--max-new-tokens", "3", *served, "--out", str(tmp_path / "out"), "--env-dir", str(tmp_path / "envs")]
-    t0 = time.perf_counter()
     proc = _cli(*args, timeout=1200)
-    first_s = time.perf_counter() - t0
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     b = report["bisect"]
@@ -213,13 +210,10 @@ def test_bisect_over_fake_releases_finds_first_bad_and_the_changed_lines(tmp_pat
     assert "first bad 1.1" in (tmp_path / "out" / "report.md").read_text()
     assert "first bad 1.1" in proc.stdout and BAD_LINE.strip() in proc.stdout
 
-    t0 = time.perf_counter()
     again = _cli(*args, timeout=1200)                                   # everything from the cache
-    second_s = time.perf_counter() - t0
     assert again.returncode == 1, again.stderr[-3000:]
     b2 = json.loads((tmp_path / "out" / "report.json").read_text())["bisect"]
     assert all(t["traces_reused"] for t in b2["tried"]) and b2["first_bad"] == "1.1"
-    assert second_s < first_s / 2, (first_s, second_s)
 
 
 def test_report_sections_render_the_releases_and_the_diff() -> None:

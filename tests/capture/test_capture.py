@@ -31,16 +31,17 @@ def llama_traces(zoo_model, tmp_path_factory):
     return spec, load(capture(spec, out)), out
 
 
-def test_target_trace_has_one_prefill_then_decode_steps(llama_traces):
+def test_target_trace_has_one_prefill_then_decode_steps_per_request(llama_traces):
     spec, (target, _, _), _ = llama_traces
     run = target.run
     assert run.complete and run.framework == "vllm" and run.dtype == "float32"
-    phases = [s.phase for s in target.steps]
-    assert phases[0] == "prefill"
-    assert phases[1:] == [f"decode:{k}" for k in range(1, len(phases))]
-    # Two prompts in one batch: every decode step carries one row per sequence, at consecutive positions.
-    for step in target.steps[1:]:
-        assert sorted(step.seq) == [0, 1]
+    # The traced baseline runs one request at a time (max_num_seqs=1, said in the trace's config changes): each
+    # request is one prefill step followed by its own decode steps, and no step mixes two requests.
+    assert any(c["arg"] == "max_num_seqs" and c["traced"] == 1 for c in run.config_changes)
+    phases = [(s.phase, sorted(set(s.seq))) for s in target.steps]
+    expected = [(phase, [seq]) for seq in (0, 1)
+                for phase in ["prefill"] + [f"decode:{k}" for k in range(1, NEW_TOKENS)]]
+    assert phases == expected
     for seq in (0, 1):
         positions = sorted(p for s in target.steps for q, p in zip(s.seq, s.pos) if q == seq)
         assert positions == list(range(len(run.token_ids[seq])))

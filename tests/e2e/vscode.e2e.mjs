@@ -4,9 +4,10 @@
 // Scenario: a workspace with demo.ekka.toml (the demo's tiny Gemma 3 from `ekka zoo gemma3_text` and the demo's
 // prompts; its out dir reuses traces captured once by `ekka demo`, and the extension forwards EKKA_INJECT_BUG so
 // the trace fingerprint matches) → right-click the spec in the Explorer → "Diagnose silent error" → the
-// progress notification (with Cancel) → the "Silent errors" tree shows "#1 Attention …" → clicking it opens
-// vLLM's attention.py at the class line with the error squiggle and the code lens → the hover shows the table →
-// the code lens opens the webview with the plots → the "called from" row opens gemma3.py at the call line.
+// progress notification (with Cancel) → the "Silent errors" tree shows "Served configuration: …" above
+// "#1 Attention …" → clicking it opens vLLM's attention.py at the class line with the error squiggle and the code
+// lens → the hover shows the table → the code lens opens the webview with the plots → the "called from" row opens
+// gemma3.py at the call line.
 import { spawn, spawnSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as net from "node:net";
@@ -225,6 +226,13 @@ async function main() {
   const topText = await top.innerText();
   check(/#1 Attention/.test(topText) && /×/.test(topText) && /from token \d+/.test(topText), `tree row: “${topText.replace(/\s+/g, " ")}”`);
   check(await page.locator(".pane-header", { hasText: /Silent errors/i }).count() > 0, "the view is titled “Silent errors”");
+  // the report's `serving` section: a "Served configuration" row above the suspects
+  check(Boolean(demoReport.serving), "the demo report has a serving section (the served configuration's check)");
+  const servingRow = page.locator('.monaco-list-row[aria-label^="Served configuration: "]');
+  const servingRows = await servingRow.count();
+  check(servingRows === 1, `tree row: “${servingRows ? await servingRow.getAttribute("aria-label") : "none"}”`);
+  const [servingBox, topBox] = [await servingRow.boundingBox(), await top.boundingBox()];
+  check(servingBox && topBox && servingBox.y < topBox.y, "the Served configuration row is above #1 Attention");
   const second = page.locator('.monaco-list-row[aria-label^="#2 "]');
   check(await second.count() === 1, `a #2 suspect is listed (${(await second.getAttribute("aria-label")) ?? "?"})`);
   await toast.waitFor({ state: "detached", timeout: 15_000 });

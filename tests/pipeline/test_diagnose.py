@@ -18,14 +18,18 @@ from ekka_core.contracts.errors import BadInput
 from ekka_core.pipeline import diagnose
 from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.zoo import SLIDING_WINDOW, tokenizer_without_bos
+from ekka_core.capture.vllm_config import traced_baseline
 
 pytestmark = pytest.mark.slow
 
 
 def _diagnose_bug(name: str, zoo_model, out: Path) -> dict:
     bug = bugs.get(name)
-    spec = DiagnosisSpec(model=str(zoo_model(bug.arch, **bug.zoo_overrides)), prompts=bug.prompts or bugs.DEFAULT_PROMPTS,
-                         dtype=bug.dtype, max_new_tokens=4)
+    model = str(zoo_model(bug.arch, **bug.zoo_overrides))
+    # Served as the traced baseline (one engine run): these tests are about module-level blame; the served
+    # configurations have their own tests (test_bench, test_zoo_diagnoses).
+    spec = DiagnosisSpec(model=model, prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype, max_new_tokens=4,
+                         engine_args=traced_baseline(model))
     return diagnose(spec, out, env={bugs.ENV_VAR: bug.name}).report
 
 
@@ -70,7 +74,8 @@ def test_traces_are_reused_when_inputs_are_unchanged(demo_report, zoo_model):
 def test_alignment_proof_refuses_traces_of_different_prompts(demo_report, zoo_model, tmp_path):
     _, out = demo_report
     bug = bugs.get("gemma3-sliding-window-every-layer")
-    other = DiagnosisSpec(model=str(zoo_model(bug.arch)), prompts=["A different prompt entirely"], max_new_tokens=2)
+    other = DiagnosisSpec(model=str(zoo_model(bug.arch)), prompts=["A different prompt entirely"], max_new_tokens=2,
+                          engine_args=traced_baseline(str(zoo_model(bug.arch))))
     diagnose(other, tmp_path)
     traces = Traces(Trace(out / "traces/target"), Trace(tmp_path / "traces/reference"),
                     Trace(out / "traces/reference-fp32"))
@@ -88,7 +93,7 @@ def test_reinjected_bug_is_ranked_first(name, zoo_model, tmp_path):
 def test_missing_bos_gives_inputs_differ(zoo_model, tmp_path):
     model = zoo_model("gemma")
     spec = DiagnosisSpec(model=str(model), prompts=bugs.DEFAULT_PROMPTS, max_new_tokens=2,
-                         engine_args={"tokenizer": str(tokenizer_without_bos(model))})
+                         engine_args={**traced_baseline(str(model)), "tokenizer": str(tokenizer_without_bos(model))})
     report = diagnose(spec, tmp_path).report
     assert report["verdict"] == "inputs-differ"
     assert report["suspects"] == []
@@ -111,8 +116,9 @@ def test_a_trace_restricted_to_late_positions_still_finds_the_bug_and_holds_only
     """Size control: trace_positions="12-" records positions 12 on (the bug shows from 16) and each request's
     sampled rows. The diagnosis is the same; the traces hold those rows only, and are smaller."""
     bug = bugs.get("gemma3-sliding-window-every-layer")
-    spec = DiagnosisSpec(model=str(zoo_model(bug.arch, **bug.zoo_overrides)), prompts=bugs.DEFAULT_PROMPTS,
-                         dtype=bug.dtype, max_new_tokens=4, trace_positions="12-")
+    model = str(zoo_model(bug.arch, **bug.zoo_overrides))
+    spec = DiagnosisSpec(model=model, prompts=bugs.DEFAULT_PROMPTS, dtype=bug.dtype, max_new_tokens=4,
+                         trace_positions="12-", engine_args=traced_baseline(model))
     report = diagnose(spec, tmp_path, env={bugs.ENV_VAR: bug.name}).report
     top = report["suspects"][0]
     assert top["target"]["module"] == "model.layers.3.self_attn.attn" and top["onset_token"] == SLIDING_WINDOW
@@ -123,12 +129,12 @@ def test_a_trace_restricted_to_late_positions_still_finds_the_bug_and_holds_only
         last_rows = {(s, max(p for t, p in zip(step.seq, step.pos) if t == s)) for step in trace.steps
                      for s in set(step.seq)}
         assert all(p >= 12 or (s, p) in last_rows for s, p in rows), rows
-        # Below 12, only rows where the engine sampled (a shorter prompt's end, its decode rows in a step that is
-        # kept for the other prompt); the teacher-forced reference runs each sequence whole and samples at its end.
+        # Below 12, only rows where the engine sampled (a prompt's last position when it ends below 12); the
+        # teacher-forced reference runs each sequence whole and samples at its end.
         below = {(s, p) for s, p in rows if p < 12}
         lens = trace.run.prompt_lens
         if name == "target":
-            assert below and all(p >= n - 1 for s, p in below for n in [lens[s]])
+            assert all(p >= lens[s] - 1 for s, p in below)
         else:
             assert not below
         assert {p for _, p in rows} >= set(range(12, max(lens)))

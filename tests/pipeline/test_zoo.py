@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -87,12 +86,9 @@ def test_build_model_reuses_the_cache_and_rebuilds_for_new_overrides(tmp_path, m
         raise AssertionError("build_model rebuilt a cached model")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", no_build)
-    start = time.perf_counter()
     second = zoo.build_model("llama", root=tmp_path)
-    elapsed = time.perf_counter() - start
     assert second == first
     assert (second / "model.safetensors").stat().st_mtime_ns == stamp
-    assert elapsed < 2.0, f"cache hit took {elapsed:.2f}s"
     monkeypatch.undo()
 
     # New overrides: a new directory, built with the override applied; the old one is untouched.

@@ -53,9 +53,12 @@ def remote(sshd, tmp_path_factory):
 @pytest.fixture(scope="module")
 def demo_spec(zoo_model):
     bug = bugs.get(DEMO)
+    from ekka_core.capture.vllm_config import traced_baseline
+
     model = zoo_model(bug.arch, **bug.zoo_overrides)
+    # Served as the traced baseline: one engine run per remote diagnosis (the machinery under test is remote).
     return DiagnosisSpec(model=str(model), prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype,
-                         max_new_tokens=4), {bugs.ENV_VAR: bug.name}
+                         max_new_tokens=4, engine_args=traced_baseline(str(model))), {bugs.ENV_VAR: bug.name}
 
 
 @pytest.fixture(scope="module")

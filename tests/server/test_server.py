@@ -45,13 +45,18 @@ def demo(zoo_model, tmp_path_factory) -> dict[str, Any]:
     from ekka_core.repro import to_toml
     from ekka_core.contracts.spec import DiagnosisSpec
 
+    from ekka_core.capture.vllm_config import traced_baseline
+
     bug = bugs.get(BUG)
-    spec = DiagnosisSpec(model=str(zoo_model(bug.arch, **bug.zoo_overrides)),
-                         prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype, max_new_tokens=6)
+    model = str(zoo_model(bug.arch, **bug.zoo_overrides))
+    # Served as the traced baseline: one engine run (the served configurations have tests of their own).
+    spec = DiagnosisSpec(model=model, prompts=bug.prompts or bugs.DEFAULT_PROMPTS, dtype=bug.dtype, max_new_tokens=6,
+                         engine_args=traced_baseline(model))
     ws = tmp_path_factory.mktemp("workspace")
     spec_file = ws / "demo.ekka.toml"
     spec_file.write_text(to_toml({k: v for k, v in spec.to_json().items()
-                                  if k in ("model", "target", "reference", "dtype", "max_new_tokens", "prompts")}))
+                                  if k in ("model", "target", "reference", "dtype", "max_new_tokens", "prompts",
+                                           "engine_args")}))
     out = ws / "ekka-out" / "demo"
     report = diagnose(spec, out, env=ENV).report
     assert report["verdict"] == "divergent"
