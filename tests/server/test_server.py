@@ -301,11 +301,13 @@ async def test_diagnose_repro_script(client: LanguageClient, demo):
     rec: Recorder = client.ekka  # type: ignore[attr-defined]
     spec = demo["spec"]
     script = demo["workspace"] / "repro_gemma3.py"
+    # The script serves what the demo spec serves (the traced baseline), as engine keywords.
+    engine_kwargs = ", ".join(f"{k}={v!r}" for k, v in spec.engine_args.items())
     script.write_text(
         "from vllm import LLM, SamplingParams\n\n"
         f"MODEL = {spec.model!r}\nPROMPTS = {spec.prompts!r}\n\n"
         'if __name__ == "__main__":\n'
-        '    llm = LLM(model=MODEL, dtype="bfloat16")\n'
+        f'    llm = LLM(model=MODEL, dtype="bfloat16", {engine_kwargs})\n'
         f"    for out in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens={spec.max_new_tokens})):\n"
         "        print(out.outputs[0].text)\n")
     job_id = _plain(await _execute(client, "ekka.server.diagnose", {
