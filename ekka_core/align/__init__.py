@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from ekka_core.capture.routing import routing_tie_rows
+from ekka_core.capture.routing import traced_router_ties
 from ekka_core.capture.trace import ModuleCall, TensorRef, Trace, token_axis
 from ekka_core.contracts.alignment import AlignmentFailure
 from ekka_core.contracts.errors import BadInput, InternalFailure
@@ -103,20 +103,10 @@ def ambiguous_routing(traces: Traces, order: dict[str, int]) -> dict[Key, tuple[
     """MoE tokens whose top-k expert choice is decided by less than the reference's own rounding noise.
 
     The reference router (an HF module named ``gate`` returning logits ``[tokens, experts]`` and the chosen
-    expert ids ``[tokens, k]``), in fp32 and in low precision, decides it (:func:`routing_tie_rows`)."""
+    expert ids ``[tokens, k]``), in fp32 and in low precision, decides it (:func:`~ekka_core.capture.routing.traced_router_ties`)."""
     out: dict[Key, tuple[int, str]] = {}
     y, x = traces.reference_fp32, traces.reference
-    for call in y.calls:
-        if call.module.rsplit(".", 1)[-1] != "gate":
-            continue
-        outs = [o for o in call.outputs if isinstance(o, TensorRef)]
-        ids = next((o for o in outs if not is_float(o) and len(o.shape) >= 2), None)
-        logits = next((o for o in outs if is_float(o) and len(o.shape) >= 2), None)
-        twin = next((c for c in x.calls_of(call.module) if c.step == call.step), None)
-        if ids is None or logits is None or twin is None:
-            continue
-        xref = next(o for o in twin.outputs if isinstance(o, TensorRef) and o.shape == logits.shape)
-        tied, margin, noise = routing_tie_rows(y.tensor(logits), x.tensor(xref), ids.shape[-1])
+    for call, tied, margin, noise in traced_router_ties(x, y):
         block = call.module.rsplit(".", 1)[0]
         start = min((o for m, o in order.items() if m == block or m.startswith(block + ".")), default=0)
         step = y.steps[call.step]

@@ -24,3 +24,25 @@ def routing_tie_rows(fp32_logits: torch.Tensor, low_logits: torch.Tensor, k: int
     margin = top[:, k - 1] - top[:, k]
     noise = (x - y).abs().amax(dim=-1)
     return margin < 2 * noise, margin, noise
+
+
+def traced_router_ties(reference, reference_fp32):
+    """Per MoE router call of a teacher-forced reference (an HF module named ``gate`` returning logits ``[tokens,
+    experts]`` and the chosen expert ids ``[tokens, k]``), traced in low precision and in fp32: ``(fp32 call, tied
+    rows mask, margin, noise)``. Shared by alignment (per-module exclusions) and the traced symptom check."""
+    from ekka_core.capture.trace import TensorRef
+
+    for call in reference_fp32.calls:
+        if call.module.rsplit(".", 1)[-1] != "gate":
+            continue
+        outs = [o for o in call.outputs if isinstance(o, TensorRef)]
+        ids = next((o for o in outs if not o.is_float and len(o.shape) >= 2), None)
+        logits = next((o for o in outs if o.is_float and len(o.shape) >= 2 and ids is not None
+                       and o.shape[-1] > ids.shape[-1]), None)
+        twin = next((c for c in reference.calls_of(call.module) if c.step == call.step), None)
+        if ids is None or logits is None or twin is None:
+            continue
+        low = next((o for o in twin.outputs if isinstance(o, TensorRef) and o.shape == logits.shape), None)
+        if low is None:
+            continue
+        yield (call, *routing_tie_rows(reference_fp32.tensor(logits), reference.tensor(low), ids.shape[-1]))

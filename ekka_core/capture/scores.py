@@ -28,23 +28,10 @@ def scores_from_traces(outputs: EngineOutputs, reference: Trace, reference_fp32:
 def _routing_ties(reference: Trace, reference_fp32: Trace) -> dict[str, list[int]]:
     """Per request, the positions whose MoE routing is a tie within the reference's rounding (as
     :func:`ekka_core.capture.hf_runner.routing_ties`), from the reference traces' router calls."""
-    from ekka_core.capture.routing import routing_tie_rows
+    from ekka_core.capture.routing import traced_router_ties
 
     tied: dict[str, set[int]] = {}
-    for call in reference_fp32.calls:
-        if call.module.rsplit(".", 1)[-1] != "gate":
-            continue
-        outs = [o for o in call.outputs if isinstance(o, TensorRef)]
-        ids = next((o for o in outs if not o.is_float and len(o.shape) >= 2), None)
-        logits = next((o for o in outs if o.is_float and len(o.shape) >= 2 and ids is not None
-                       and o.shape[-1] > ids.shape[-1]), None)
-        twin = next((c for c in reference.calls_of(call.module) if c.step == call.step), None)
-        if ids is None or logits is None or twin is None:
-            continue
-        low = next((o for o in twin.outputs if isinstance(o, TensorRef) and o.shape == logits.shape), None)
-        if low is None:
-            continue
-        rows = routing_tie_rows(reference_fp32.tensor(logits), reference.tensor(low), ids.shape[-1])[0]
+    for call, rows, _, _ in traced_router_ties(reference, reference_fp32):
         step = reference_fp32.steps[call.step]
         for row in torch.nonzero(rows).flatten().tolist():
             tied.setdefault(str(step.seq[row]), set()).add(step.pos[row])
