@@ -32,6 +32,8 @@ from ekka_core.contracts.spec import DiagnosisSpec
 
 Progress = Callable[[str], None]
 SCORES_FILE = "reference-scores.json"
+# Version 2 adds the second noise floor of MoE models (``low_rerouted``); older scores are recomputed, not reused.
+SCORES_SCHEMA = "ekka.scores/2"
 
 
 @dataclass
@@ -115,8 +117,11 @@ def run_engine(spec: DiagnosisSpec, directory: Path, args: dict[str, Any], *, la
     fingerprint = spec.fingerprint() + _env_fingerprint(env) + _args_fingerprint(args)
     if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
             and (directory / SCORES_FILE).exists():
-        return EngineRun(directory, EngineOutputs.load(directory), json.loads((directory / SCORES_FILE).read_text()),
-                         reused=True)
+        scores = json.loads((directory / SCORES_FILE).read_text())
+        if scores.get("schema") == SCORES_SCHEMA:
+            return EngineRun(directory, EngineOutputs.load(directory), scores, reused=True)
+        progress(f"scoring the {label} run again (its reference scores are from an older Ekka)")
+        return EngineRun(directory, EngineOutputs.load(directory), score_run(spec, directory, env=env), reused=True)
     directory.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
     spec_file = directory / "spec.in.json"
@@ -240,4 +245,4 @@ def load(result: CaptureResult) -> tuple[Trace, Trace, Trace]:
     return Trace(result.target), Trace(result.reference), Trace(result.reference_fp32)
 
 
-__all__ = ["capture", "CaptureResult", "EngineRun", "load", "run_engine", "score_run", "INDEX", "SCORES_FILE"]
+__all__ = ["capture", "CaptureResult", "EngineRun", "load", "run_engine", "score_run", "INDEX", "SCORES_FILE", "SCORES_SCHEMA"]

@@ -47,23 +47,37 @@ def own_inputs(model: str, requests: list[RequestSpec]) -> list[list[int]]:
 
 
 def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str,
-          routers: dict[int, list[tuple[torch.Tensor, int]]] | None = None) -> dict[str, Any]:
+          routers: dict[int, list[tuple[torch.Tensor, int]]] | None = None,
+          reroute: dict[int, list[torch.Tensor]] | None = None) -> dict[str, Any]:
     """Teacher-force HF on what the engine fed and generated, and read its logprobs where the engine sampled, for
     the token ids the engine reported (its top-k) — the symptom check's reference, one forward per request.
-    ``routers`` (when given) receives, per request, every MoE router call's (logits, k) in execution order."""
+    ``routers`` (when given) receives, per request, every MoE router call's (logits, k) in execution order.
+    ``reroute`` (per request, per router call in execution order, a mask of token rows) sends those tokens to their
+    (k+1)-th expert instead of their k-th: the reference as a correct engine whose rounding broke the tie the other
+    way (:func:`routing_tie_masks`)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=getattr(torch, dtype),
                                                  attn_implementation=ATTN_IMPLEMENTATION)
     model.eval()
     calls: list[tuple[torch.Tensor, int]] = []
-    handles = [m.register_forward_hook(lambda _m, _i, out: _record_router(out, calls))
-               for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "gate"] if routers is not None else []
+    masks: list[torch.Tensor] = []
+
+    def on_router(_m: Any, _i: Any, out: Any) -> Any:
+        index = len(calls)
+        _record_router(out, calls)
+        if reroute is not None and index < len(masks):
+            return _route_ties_elsewhere(out, masks[index])
+        return None
+
+    gates = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "gate"]
+    handles = [m.register_forward_hook(on_router) for m in gates] if routers is not None or reroute else []
     scored = []
     with torch.no_grad():
         for r in outputs.requests:
             ids = r.prompt_token_ids + r.generated[:-1]
             calls.clear()
+            masks[:] = (reroute or {}).get(r.request, [])
             logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
             if routers is not None:
                 routers[r.request] = list(calls)
@@ -80,31 +94,63 @@ def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str,
     return {"dtype": dtype, "requests": scored}
 
 
-def _record_router(out: Any, calls: list[tuple[torch.Tensor, int]]) -> None:
-    """An MoE router's output (HF: logits ``[tokens, experts]``, weights and expert ids ``[tokens, k]``)."""
+def _router_outputs(out: Any) -> tuple[int, int] | None:
+    """Where an MoE router's output (HF: logits ``[tokens, experts]``, weights and expert ids ``[tokens, k]``) holds
+    its expert ids and its logits: ``(ids index, logits index)`` in the output tuple, or None for another layout."""
     outs = out if isinstance(out, tuple) else (out,)
-    ids = next((t for t in outs if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() >= 2), None)
+    ids = next((i for i, t in enumerate(outs)
+                if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dim() >= 2), None)
     if ids is None:
+        return None
+    logits = next((i for i, t in enumerate(outs) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                   and t.dim() >= 2 and t.shape[-1] > outs[ids].shape[-1]), None)
+    return None if logits is None else (ids, logits)
+
+
+def _record_router(out: Any, calls: list[tuple[torch.Tensor, int]]) -> None:
+    where = _router_outputs(out)
+    if where is None:
         return
-    logits = next((t for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2
-                   and t.shape[-1] > ids.shape[-1]), None)
-    if logits is not None:
-        calls.append((logits.detach().float().reshape(-1, logits.shape[-1]), int(ids.shape[-1])))
+    outs = out if isinstance(out, tuple) else (out,)
+    logits, ids = outs[where[1]], outs[where[0]]
+    calls.append((logits.detach().float().reshape(-1, logits.shape[-1]), int(ids.shape[-1])))
 
 
-def routing_ties(low: dict[int, list[tuple[torch.Tensor, int]]], fp32: dict[int, list[tuple[torch.Tensor, int]]]
-                 ) -> dict[str, list[int]]:
-    """Per request (JSON keys), the token positions whose expert routing is a tie within the reference's rounding
-    noise in some layer (:func:`ekka_core.capture.routing.routing_tie_rows`)."""
+def _route_ties_elsewhere(out: Any, tied: torch.Tensor) -> Any:
+    """The router's output with each tied token's k-th expert replaced by its (k+1)-th (by this pass's own logits).
+    The routing weights are kept: a tie means the two experts' logits are equal within rounding, so are their
+    weights."""
+    where = _router_outputs(out)
+    if where is None or not isinstance(out, tuple) or not tied.any():
+        return None
+    ids_at, logits_at = where
+    ids = out[ids_at].clone()
+    flat = ids.reshape(-1, ids.shape[-1])
+    k = flat.shape[-1]
+    order = out[logits_at].detach().float().reshape(flat.shape[0], -1).topk(k + 1, dim=-1).indices
+    for row in torch.nonzero(tied[:flat.shape[0]]).flatten().tolist():
+        kth, nxt = order[row, k - 1], order[row, k]
+        flat[row][flat[row] == kth] = nxt
+    return tuple(ids if i == ids_at else t for i, t in enumerate(out))
+
+
+def routing_tie_masks(low: dict[int, list[tuple[torch.Tensor, int]]],
+                      fp32: dict[int, list[tuple[torch.Tensor, int]]]) -> dict[int, list[torch.Tensor]]:
+    """Per request, per router call in execution order, the token rows whose expert routing is a tie within the
+    reference's rounding noise (:func:`ekka_core.capture.routing.routing_tie_rows`)."""
     from ekka_core.capture.routing import routing_tie_rows
 
+    return {request: [routing_tie_rows(y, x, k)[0] for (y, k), (x, _) in zip(calls, low.get(request, []))]
+            for request, calls in fp32.items()}
+
+
+def routing_ties(masks: dict[int, list[torch.Tensor]]) -> dict[str, list[int]]:
+    """Per request (JSON keys), the token positions tied in some layer (from :func:`routing_tie_masks`)."""
     out: dict[str, list[int]] = {}
-    for request, calls in fp32.items():
-        tied: set[int] = set()
-        for (y, k), (x, _) in zip(calls, low.get(request, [])):
-            tied.update(torch.nonzero(routing_tie_rows(y, x, k)[0]).flatten().tolist())
+    for request, calls in masks.items():
+        tied = sorted({row for m in calls for row in torch.nonzero(m).flatten().tolist()})
         if tied:
-            out[str(request)] = sorted(tied)
+            out[str(request)] = tied
     return out
 
 

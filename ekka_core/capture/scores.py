@@ -11,18 +11,25 @@ from typing import Any
 
 import torch
 
+from ekka_core.capture import SCORES_SCHEMA
 from ekka_core.capture.trace import TensorRef, Trace
 from ekka_core.contracts.serving import EngineOutputs
 
 
 def scores_from_traces(outputs: EngineOutputs, reference: Trace, reference_fp32: Trace) -> dict[str, Any] | None:
-    """``{"low", "fp32", "own_prompt_token_ids"}``, or None when the traces do not hold every needed row (a trace
-    restricted to some positions or modules): the caller then scores with a reference run of its own."""
+    """``{"low", "fp32", "own_prompt_token_ids", "routing_ties"}``, or None when the traces do not hold all that
+    is needed (a trace restricted to some positions or modules, MoE routing ties): the caller then scores with a
+    reference run of its own."""
     low, high = _score(outputs, reference), _score(outputs, reference_fp32)
     if low is None or high is None:
         return None
-    return {"low": low, "fp32": high, "own_prompt_token_ids": reference.run.own_prompt_token_ids,
-            "routing_ties": _routing_ties(reference, reference_fp32)}
+    ties = _routing_ties(reference, reference_fp32)
+    if ties:
+        # An MoE run with routing ties needs the second noise floor, the reference routed the other way at each
+        # tie (:func:`ekka_core.capture.hf_runner.score`): a reference pass the traces do not hold.
+        return None
+    return {"schema": SCORES_SCHEMA, "low": low, "fp32": high,
+            "own_prompt_token_ids": reference.run.own_prompt_token_ids, "routing_ties": ties}
 
 
 def _routing_ties(reference: Trace, reference_fp32: Trace) -> dict[str, list[int]]:

@@ -127,6 +127,8 @@ class SymptomCheck:
     # units of that reference's own rounding error (an engine can be close to fp32 and far from the reference).
     same_dtype: float | None = None
     note: str = ""
+    # MoE: how many tied tokens the second noise floor (the reference routed the other way there) rerouted; 0: none.
+    rerouted_tokens: int = 0
 
     def words(self) -> str:
         state = "diverges from" if self.diverges else "matches"

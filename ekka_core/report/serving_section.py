@@ -23,7 +23,9 @@ def _check_words(check: dict[str, Any] | None) -> str:
     first = check.get("first")
     where = f", first at request {first['request']} token {first['position']}" if first else ""
     cached = f"; {check['cached_tokens']} prompt tokens from the prefix cache" if check.get("cached_tokens") else ""
-    return f"{state} at the logits level (ratio {fmt_ratio(check['ratio'])}{where}{cached})"
+    # The note says how the noise floor was taken where MoE routing ties changed it: said out loud, not hidden.
+    note = f" — {check['note']}" if check.get("note") else ""
+    return f"{state} at the logits level (ratio {fmt_ratio(check['ratio'])}{where}{cached}){note}"
 
 
 def _args(args: dict[str, Any] | None) -> str:

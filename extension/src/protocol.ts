@@ -87,6 +87,7 @@ export interface SymptomCheck {
   cached_tokens?: number;
   same_dtype?: number | null;
   note?: string;
+  rerouted_tokens?: number;     // MoE: tied tokens the second noise floor routed to their next expert
 }
 
 /** One engine argument the traced run sets differently from the served configuration. */

@@ -31,6 +31,13 @@ def test_clean_bf16_run_is_consistent(arch, clean_diagnosis):
     # the served configuration ran too, untraced, and matches the reference at the logits level
     served = report["serving"]["served"]
     assert served["diverges"] is False and served["positions"] and report["conventions"] == []
+    if arch == "qwen3_moe":
+        # These prompts route some tokens on a tie within bf16 rounding: the noise floor of both checks also holds
+        # the reference routed the other way there (the traced one scored by a reference run of its own).
+        traced = report["serving"]["traced"]
+        assert served["rerouted_tokens"] > 0 and traced["rerouted_tokens"] > 0, (served["note"], traced["note"])
+        assert "routed to their next expert" in served["note"]
+        assert "routed to their next expert" in (out / "report.md").read_text()      # said in the report, too
     # every mapped pair was actually compared: no alignment failed
     assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []
     # the mapping is complete: nothing is left unexplained

@@ -73,3 +73,41 @@ def test_routing_tie_rows_compares_the_topk_margin_with_the_reference_rounding()
     assert tied.tolist() == [True, False]
     assert torch.allclose(margin, torch.tensor([0.01, 1.0])) and torch.allclose(noise, torch.tensor([0.01, 0.01]))
     assert not routing_tie_rows(y, x, k=4)[0].any()                 # k ≥ experts: nothing to tie
+
+
+def _rerouted(shift: float) -> dict:
+    return {"requests": [{"request": 0, "steps": _reference(shift)}]}
+
+
+def test_the_reference_routed_the_other_way_is_a_second_noise_floor():
+    # An engine 3× as far from fp32 as the bf16 reference: a divergence, unless the same reference with its tied
+    # tokens routed to their next expert is as far (a correct engine's other rounding may route them so).
+    outputs, scores = _run([0.03, 0.03, 0.03])
+    scores["routing_ties"] = {"0": [1]}                      # a tied prompt token, before every sampled position
+    assert check_symptom(outputs, scores, threshold=2.0).diverges
+    scores["low_rerouted"] = _rerouted(0.03)
+    check = check_symptom(outputs, scores, threshold=2.0)
+    assert not check.diverges and math.isclose(check.ratio, 1.0, rel_tol=1e-6)
+    assert check.rerouted_tokens == 1 and "routed to their next expert" in check.note
+    # The floor only widens as far as rerouting moves the reference: a larger departure still diverges.
+    outputs, _ = _run([0.2, 0.2, 0.2])
+    check = check_symptom(outputs, scores, threshold=2.0)
+    assert check.diverges and math.isclose(check.ratio, 0.2 / 0.03, rel_tol=1e-6)
+
+
+def test_route_ties_elsewhere_swaps_the_kth_expert_for_the_next_on_tied_rows_only():
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    from ekka_core.capture.hf_runner import _route_ties_elsewhere
+
+    router = Qwen3MoeTopKRouter(Qwen3MoeConfig(hidden_size=4, num_experts=4, num_experts_per_tok=2))
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(4))                      # logits = the hidden state itself
+    hidden = torch.tensor([[4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
+    out = router(hidden)
+    assert out[2].tolist() == [[0, 1], [3, 2]]
+    moved = _route_ties_elsewhere(out, torch.tensor([True, False]))
+    assert moved[2].tolist() == [[0, 2], [3, 2]]               # row 0: 2nd choice (1) → 3rd (2); row 1 untouched
+    assert moved[0] is out[0] and moved[1] is out[1]           # logits and weights kept
+    assert _route_ties_elsewhere(out, torch.tensor([False, False])) is None
