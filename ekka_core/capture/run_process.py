@@ -8,6 +8,7 @@ and the error envelope (:meth:`~ekka_core.contracts.errors.EkkaError.envelope_li
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -68,5 +69,27 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _has_child_processes() -> bool:
+    """Whether this process started processes that are still running (a tensor-parallel engine's workers): True
+    when it cannot tell."""
+    try:
+        tasks = Path(f"/proc/{os.getpid()}/task")
+        return any((t / "children").read_text().strip() for t in tasks.iterdir())
+    except OSError:
+        return True
+
+
+def exit_now(code: int) -> None:
+    """End the run. Everything it writes is on disk and closed when :func:`main` returns; what the interpreter's
+    teardown still does (vLLM's atexit shutdown, freeing the KV cache, torch's thread pools) took 4.5 s of a 36 s
+    engine run, measured, and writes nothing. So the process leaves at once — unless it has child processes (an
+    engine's workers), which that shutdown is what stops."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _has_child_processes():
+        sys.exit(code)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))
