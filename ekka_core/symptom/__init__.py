@@ -20,7 +20,7 @@ discrete jump, not a bug):
 * every other position attends to the tied tokens before it, so its noise floor is also the reference's distance to
   fp32 when every tied token is routed the other way (X′, ``low_rerouted``): ``max(‖X − Y‖, ‖X′ − Y‖)``. On the clean
   Qwen3-MoE zoo model served compiled this takes the ratio from 2.13 to 0.99; on its wrong-activation bug from 14.9
-  to 6.3 (benchmarks/README.md).
+  to 6.3 (README.md, the benchmark section).
 """
 
 from __future__ import annotations
