@@ -20,16 +20,16 @@ def scores_from_traces(outputs: EngineOutputs, reference: Trace, reference_fp32:
     """``{"low", "fp32", "own_prompt_token_ids", "routing_ties"}``, or None when the traces do not hold all that
     is needed (a trace restricted to some positions or modules, MoE routing ties): the caller then scores with a
     reference run of its own."""
+    if _routing_ties(reference, reference_fp32):
+        # An MoE run with routing ties needs the second noise floor, the reference routed the other way at each
+        # tie (:func:`ekka_core.capture.hf_runner.score`): a reference pass the traces do not hold. Asked first, so
+        # the logits rows are not read for nothing.
+        return None
     low, high = _score(outputs, reference), _score(outputs, reference_fp32)
     if low is None or high is None:
         return None
-    ties = _routing_ties(reference, reference_fp32)
-    if ties:
-        # An MoE run with routing ties needs the second noise floor, the reference routed the other way at each
-        # tie (:func:`ekka_core.capture.hf_runner.score`): a reference pass the traces do not hold.
-        return None
     return {"schema": SCORES_SCHEMA, "low": low, "fp32": high,
-            "own_prompt_token_ids": reference.run.own_prompt_token_ids, "routing_ties": ties}
+            "own_prompt_token_ids": reference.run.own_prompt_token_ids, "routing_ties": {}}
 
 
 def _routing_ties(reference: Trace, reference_fp32: Trace) -> dict[str, list[int]]:
