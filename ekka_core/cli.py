@@ -1,6 +1,7 @@
 """``ekka`` — the command-line shell over :func:`ekka_core.pipeline.diagnose`.
 
-Exit codes (DESIGN.md): 0 consistent · 1 divergent or inputs-differ · 2 bad input · 3 internal failure.
+Exit codes (docs/DESIGN.md): 0 consistent · 1 divergent or inputs-differ · 2 bad input · 3 internal failure ·
+4 inconclusive (what a verdict needs could not be observed; the report says what, and the fix).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ekka_core.contracts.errors import BadInput, EkkaError
+from ekka_core.contracts.report import EXIT_CODES
 
-EXIT = {"consistent": 0, "divergent": 1, "inputs-differ": 1}
+if TYPE_CHECKING:
+    from ekka_core.contracts.report import Report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -332,7 +335,7 @@ def _bisect(args: argparse.Namespace, rest: list[str]) -> int:
     result = bisect(spec, args.out, candidates, env_root=args.env_dir, package=args.package, fresh=args.fresh,
                     progress=lambda m: err.print(f"[dim]{m}[/]", highlight=False), env=env, bad=args.bad)
     print_bisect(result.report, result.paths)
-    return 0 if result.report["bisect"]["outcome"] == "no-regression" else 1
+    return 0 if result.report.bisect and result.report.bisect.outcome == "no-regression" else 1
 
 
 def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None,
@@ -363,10 +366,10 @@ def _run(spec: Any, out: Path, fresh: bool, env: dict[str, str] | None,
                 progress=progress, env=env, known_hosts=remote.known_hosts, client_keys=remote.identity)
         bar.update(task, completed=len(STAGES), description="done", stage="")
     _print_report(result.report, result.paths)
-    return EXIT[result.report["verdict"]]
+    return EXIT_CODES[result.report.verdict]
 
 
-def _print_report(report: dict[str, Any], paths: dict[str, Path]) -> None:
+def _print_report(report: "Report", paths: dict[str, Path]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -375,40 +378,45 @@ def _print_report(report: dict[str, Any], paths: dict[str, Path]) -> None:
     from ekka_core.sources import short_path
 
     out = Console(width=max(Console().width, 140))
-    colour = {"divergent": "red", "consistent": "green"}.get(report["verdict"], "yellow")
+    colour = {"divergent": "red", "consistent": "green"}.get(report.verdict, "yellow")
     out.print(f"[bold {colour}]{headline(report)}[/]")
-    serving = report.get("serving") or {}
-    for name, label in (("served", "served configuration"), ("traced", "traced configuration")):
-        check = serving.get(name)
-        if check:
-            state = "[red]diverges[/]" if check["diverges"] else "[green]matches[/]"
-            out.print(f"  {label}: {state} at the logits level (ratio {fmt_ratio(check['ratio'])})")
-    if serving.get("changes"):
-        out.print("  traced with: " + "; ".join(f"{c['arg']}={c['traced']!r}" for c in serving["changes"]))
-    triage = serving.get("triage") or {}
-    if triage.get("trials") or triage.get("culprit"):
-        out.print(f"  triage ({len(triage.get('trials', []))} configurations tried): {triage.get('words')}")
-    if report["suspects"]:
+    serving = report.serving
+    if serving:
+        for check, label in ((serving.served, "served configuration"), (serving.traced, "traced configuration")):
+            if check:
+                state = "[red]diverges[/]" if check.diverges else "[green]matches[/]"
+                out.print(f"  {label}: {state} at the logits level (ratio {fmt_ratio(check.ratio)})")
+        if serving.changes:
+            out.print("  traced with: " + "; ".join(f"{c.arg}={c.traced!r}" for c in serving.changes))
+        triage = serving.triage
+        if triage and (triage.trials or triage.culprit):
+            out.print(f"  triage ({len(triage.trials)} configurations tried): {triage.words}")
+    if report.suspects:
         t = Table(title="Suspects (most likely root cause first)")
         for col in ("#", "kind", "module", "class", "source", "error ratio", "onset token"):
             t.add_column(col, overflow="fold")
-        for s in report["suspects"]:
-            src = source_of(s) if s["target"]["file"] or s["target"].get("lines") else "—"
-            t.add_row(str(s["rank"]), s.get("kind", "module"), s["target"]["module"], s["target"]["class"], src,
-                      str(s["error_ratio"]), "—" if s["onset_token"] is None else str(s["onset_token"]))
+        for s in report.suspects:
+            src = source_of(s) if s.target.file or s.target.lines else "—"
+            t.add_row(str(s.rank), s.kind, s.target.module, s.target.cls, src, str(s.error_ratio),
+                      "—" if s.onset_token is None else str(s.onset_token))
         out.print(t)
-        top = report["suspects"][0]
-        if top["target"].get("call_file"):
-            out.print(f"called from {short_path(top['target']['call_file'])}:{top['target']['call_line']}")
-        out.print(f"[dim]{top['evidence']}[/]")
-    elif report.get("conventions"):
-        for c in report["conventions"]:
-            out.print(f"[yellow]departure from the reference's rounding[/]: {c['target']['module']} — {c['evidence']}")
-    for d in report.get("inputs_differ", []):
-        out.print(f"request {d.get('request', d['prompt'])!r} ({d.get('input', 'prompt')}): the ids the engine fed "
-                  f"differ from the reference's own from token {d['position']}:")
-        out.print(f"  engine    {d['target']}  {d.get('target_tokens', '')}")
-        out.print(f"  reference {d['reference']}  {d.get('reference_tokens', '')}")
+        top = report.suspects[0]
+        if top.target.call_file:
+            out.print(f"called from {short_path(top.target.call_file)}:{top.target.call_line}")
+        out.print(f"[dim]{top.evidence}[/]")
+    elif report.conventions:
+        for c in report.conventions:
+            out.print(f"[yellow]departure from the reference's rounding[/]: {c.target.module} — {c.evidence}")
+    for d in report.inputs_differ:
+        out.print(f"request {d.request!r} ({d.input or 'prompt'}): the ids the engine fed "
+                  f"differ from the reference's own from token {d.position}:")
+        out.print(f"  engine    {d.target}  {d.target_tokens}")
+        out.print(f"  reference {d.reference}  {d.reference_tokens}")
+    from ekka_core.report.coverage import coverage_console, coverage_line
+
+    out.print(f"coverage: {coverage_line(report)}")
+    for line in coverage_console(report):
+        out.print(line)
     out.print(f"report: {paths['json']}  {paths['html']}")
 
 

@@ -58,6 +58,27 @@ else
   say "python environment ready"
 fi
 
+# bubblewrap: the OS boundary untrusted aligner code runs under (ekka_core/align/sandbox.py refuses such code
+# without it). apt-get as root, or with `sudo -n`; a warning, not a failure, where it cannot be installed.
+if ! command -v bwrap >/dev/null 2>&1; then
+  sudo=()
+  [ "$(id -u)" -eq 0 ] || { command -v sudo >/dev/null 2>&1 && sudo=(sudo -n); }
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" -eq 0 ] || [ "${#sudo[@]}" -gt 0 ]; }; then
+    say "installing bubblewrap (apt-get)"
+    apt_log="$(mktemp -t ekka-bwrap.XXXXXX.log)"
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get install -y --no-install-recommends bubblewrap >"$apt_log" 2>&1 || {
+      "${sudo[@]}" apt-get update >>"$apt_log" 2>&1
+      "${sudo[@]}" apt-get install -y --no-install-recommends bubblewrap >>"$apt_log" 2>&1
+    } || say "warning: apt-get could not install bubblewrap (log: $apt_log)"
+  fi
+  command -v bwrap >/dev/null 2>&1 \
+    || say "warning: bubblewrap (bwrap) is missing: custom aligners will be refused (install it, or set EKKA_ALIGNER_SANDBOX=rlimits-only)"
+fi
+if command -v bwrap >/dev/null 2>&1 && ! bwrap --unshare-all --ro-bind / / true >/dev/null 2>&1; then
+  say "warning: bwrap cannot create namespaces here (allow unprivileged user namespaces): custom aligners will be refused"
+fi
+
 # SGLang's own Python sources (pinned), for the tests that check Ekka's SGLang capture against them on a CPU
 # machine (tests/capture/test_sglang_real_sources.py): the wheel is downloaded once, never installed; a no-op when
 # already extracted.

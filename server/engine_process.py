@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, Callable
 
 from ekka_core.contracts.env import check_ekka_env
 from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
+from ekka_core.contracts.report import Report
 from ekka_core.contracts.trace_index import TraceIndex
 from server.protocol import decode, encode, heavy_modules, stage_percent, worker_error
 
@@ -104,7 +105,7 @@ class Worker:
                                           remote_workdir=executor.get("workdir") or DEFAULT_REMOTE_WORKDIR,
                                           out_dir_local=Path(out_dir), fresh=bool(params.get("fresh")),
                                           progress=progress, env=env, cancel_event=cancel)
-        return {"report": result.report, "paths": {k: str(v) for k, v in result.paths.items()},
+        return {"report": result.report.to_json(), "paths": {k: str(v) for k, v in result.paths.items()},
                 "modules": _modules(result.report)}
 
 
@@ -117,12 +118,11 @@ def _error(e: BaseException) -> dict[str, Any]:
                                         fix="see the Ekka output for the traceback"), traceback=tb)
 
 
-def _modules(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _modules(report: Report) -> dict[str, dict[str, Any]]:
     """Class source location of every module the report names (series and suspects), read from the target
     trace's index (plain JSON): the editor finds the class lines of all compared modules, not only suspects."""
-    wanted = {s["component"] for s in report.get("plots", {}).get("series", [])}
-    wanted |= {s["target"]["module"] for s in report.get("suspects", [])}
-    traces = (report.get("meta") or {}).get("traces")
+    wanted = {p.component for p in report.plots.series} | {s.target.module for s in report.suspects}
+    traces = report.meta.traces
     out: dict[str, dict[str, Any]] = {}
     if not traces:
         return out

@@ -3,7 +3,8 @@
 A job runs as an asyncio task in the language server's event loop (never on pygls's thread pool, which also
 reads stdin). Its heavy work happens in ``<interpreter> -m server.engine_process``, started in a new session so
 that cancelling kills it and every process it started (the engine's capture subprocesses) at once. A failure
-arrives as the error envelope and is raised here as the :class:`~ekka_core.contracts.errors.EkkaError` it was.
+arrives as the error envelope and is raised here as the :class:`~ekka_core.contracts.errors.EkkaError` it was; a
+result arrives as JSON and is read here, once, into a :class:`WorkerResult` holding the typed report.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ekka_core.contracts.errors import BadInput, InternalFailure
+from ekka_core.contracts.jsonable import from_json
+from ekka_core.contracts.report import Report, TargetLocation
 from server.protocol import decode, encode, worker_failure
 
 # The directory holding the `server` package: put on the worker's PYTHONPATH so `-m server.engine_process` resolves
@@ -55,6 +58,32 @@ class Job:
         return {"jobId": self.id, "state": self.state, "stage": self.stage, "percent": self.percent,
                 "message": self.message, "uri": self.uri, "out_dir": self.out_dir, "pid": self.pid,
                 "exit_code": self.exit_code, "error": self.error, "verdict": self.verdict}
+
+
+@dataclass
+class WorkerResult:
+    """The engine process's answer to ``diagnose`` (server.protocol), read once at the process boundary."""
+
+    report: Report
+    paths: dict[str, str] = field(default_factory=dict)            # json, md, html (and more for a remote run)
+    # Where the class of every module the report names is defined (the target trace's index), not only suspects'.
+    modules: dict[str, TargetLocation] = field(default_factory=dict)
+
+    @staticmethod
+    def from_json(result: Any) -> "WorkerResult":
+        """The ``result`` member as the worker sent it; a report this server cannot read is an internal failure
+        (the worker's Ekka is another version than the server's)."""
+        result = result if isinstance(result, dict) else {}
+        try:
+            report = Report.from_json(result["report"])
+            modules = {str(m): from_json(TargetLocation, {**loc, "module": m})
+                       for m, loc in (result.get("modules") or {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InternalFailure(f"the Ekka worker sent a report this server cannot read ({type(e).__name__}: {e})",
+                                  fix="give `ekka.interpreter` a Python with the same Ekka version as the editor's "
+                                      "server") from None
+        return WorkerResult(report, paths={str(k): str(v) for k, v in (result.get("paths") or {}).items()},
+                            modules=modules)
 
 
 def kill_session(pid: int) -> None:
@@ -127,7 +156,7 @@ class WorkerProcess:
             self.on_log(text)
 
     async def diagnose(self, params: dict[str, Any],
-                       on_progress: Callable[[dict[str, Any]], Awaitable[None] | None]) -> dict[str, Any]:
+                       on_progress: Callable[[dict[str, Any]], Awaitable[None] | None]) -> WorkerResult:
         """Send the request and read until its response. Raises the EkkaError the engine process reported; EOF
         (the process died or was killed) is an InternalFailure."""
         assert self.proc and self.proc.stdin and self.proc.stdout
@@ -157,7 +186,7 @@ class WorkerProcess:
             elif msg.get("id") == 1:
                 if "error" in msg:
                     raise worker_failure(msg["error"])
-                return msg.get("result") or {}
+                return WorkerResult.from_json(msg.get("result"))
 
     async def close(self, timeout: float = 5.0) -> None:
         """End the worker: EOF on its stdin, then the whole session if it does not exit in time."""

@@ -1,9 +1,15 @@
 """Report → what the editor shows: diagnostics, code lenses and hovers on the engine's source lines.
 
-Pure functions over the report dict (``ekka.report/1``) and the worker's module → class-location map; no LSP I/O
-and no engine import, so they are cheap to call on every request.
+Pure functions over the typed report (:class:`~ekka_core.contracts.report.Report`, read once from the worker's
+JSON in :mod:`server.jobs`) and the worker's module → class-location map; no LSP I/O and no engine import, so they
+are cheap to call on every request.
 
 Lines: the report's lines are 1-based (``class Attention`` at line 229); LSP lines are 0-based (228).
+
+Words: a finding's one line is the report's ``Suspect.summary`` (rendered by :mod:`ekka_core.report.findings`, the one
+rendering source); what was and was not observed is :func:`ekka_core.report.coverage.coverage`'s sections, here cut
+short for a hover and sent whole to the editor (:func:`rendered`, which renders none of it itself). An
+``inconclusive`` report publishes no diagnostics (it found nothing; it could not look); its hover says so, and why.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from typing import Any, Callable, Iterable
 
 from lsprotocol import types
 
-from ekka_core.contracts.report import fmt_ratio
+from ekka_core.contracts.report import BisectSection, Report, Suspect, TargetLocation, fmt_ratio, short_headline
+from ekka_core.report.coverage import CoverageSection, coverage, coverage_line
+from ekka_core.report.findings import summary
 
 from server.protocol import (CLIENT_SHOW_DIVERGENCE, CLIENT_SHOW_RELEASE_DIFF, CODE_SUSPECT, CODE_SUSPECT_CALL,
                              CODE_SUSPECT_FORWARD, DIAGNOSTIC_SOURCE)
@@ -25,6 +33,7 @@ CODES = {"class": CODE_SUSPECT, "forward": CODE_SUSPECT_FORWARD, "call": CODE_SU
 
 SPARKS = "▁▂▃▄▅▆▇█"
 MAX_HOVER_ROWS = 48
+MAX_HOVER_COVERAGE = 3      # items shown per coverage section in a hover (what was not observed and the checks: all)
 
 
 def path_key(path: str) -> str:
@@ -65,11 +74,11 @@ class Mark:
     path: str             # as the report spells it (published under this path's URI)
     line: int             # 0-based
     kind: str             # "class" | "forward" | "call"
-    suspects: list[dict[str, Any]] = field(default_factory=list)
+    suspects: list[Suspect] = field(default_factory=list)
 
     @property
     def rank(self) -> int:
-        return min(s["rank"] for s in self.suspects)
+        return min(s.rank for s in self.suspects)
 
 
 @dataclass
@@ -77,8 +86,8 @@ class Result:
     """A finished diagnosis as the server keeps it."""
 
     job_id: str
-    report: dict[str, Any]
-    modules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    report: Report
+    modules: dict[str, TargetLocation] = field(default_factory=dict)     # the worker's class locations
     paths: dict[str, str] = field(default_factory=dict)
     out_dir: str | None = None
     uri: str | None = None
@@ -92,17 +101,17 @@ class Result:
         return {path_key(m.path): m.path for m in self.marks}
 
 
-def suspect_marks(report: dict[str, Any]) -> list[Mark]:
+def suspect_marks(report: Report) -> list[Mark]:
     marks: dict[tuple[str, int, str], Mark] = {}
-    for s in report.get("suspects", []):
-        t = s.get("target") or {}
-        places = [("class", t.get("file"), t.get("line"))]
+    for s in report.suspects:
+        t = s.target
+        places = [("class", t.file, t.line)]
         # A forward inherited from elsewhere (vLLM's CustomOp.forward dispatcher) says nothing about this class.
-        if t.get("forward_file") and t.get("forward_line") and t.get("forward_file") == t.get("file"):
-            places.append(("forward", t["forward_file"], t["forward_line"]))
+        if t.forward_file and t.forward_line and t.forward_file == t.file:
+            places.append(("forward", t.forward_file, t.forward_line))
         # Where the parent's forward calls this module (``self.attn(q, k, v)``), when the engine located it.
-        if t.get("call_file") and t.get("call_line"):
-            places.append(("call", t["call_file"], t["call_line"]))
+        if t.call_file and t.call_line:
+            places.append(("call", t.call_file, t.call_line))
         for kind, path, line in places:
             if not path or not isinstance(line, int) or line < 1:
                 continue
@@ -111,22 +120,20 @@ def suspect_marks(report: dict[str, Any]) -> list[Mark]:
     return sorted(marks.values(), key=lambda m: (m.rank, m.path, m.line))
 
 
-def _onset(s: dict[str, Any]) -> str:
-    if s.get("onset_token") is None:
-        return ""
-    phase = f" ({s['onset_phase']})" if s.get("onset_phase") else ""
-    return f", diverges from token {s['onset_token']}{phase}"
+def finding(s: Suspect) -> str:
+    """The finding in one line: the report's ``summary`` (a report from before it: rendered the same way here)."""
+    return s.summary or summary(s)
 
 
-def suspect_message(s: dict[str, Any], threshold: Any, where: str = "") -> str:
-    t = s["target"]
-    refs = ", ".join((s.get("reference") or {}).get("modules") or []) or "none"
-    return (f"Ekka #{s['rank']}{where}: {t['module']} ({t['class']}) departs from the reference — error ratio "
-            f"{fmt_ratio(s.get('error_ratio'))}× (threshold {threshold}){_onset(s)}; reference module(s): {refs}")
+def _kind(s: Suspect) -> str:
+    return "" if s.kind == "module" else f" [{s.kind}]"
 
 
-def _dict(v: Any) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
+def suspect_message(s: Suspect, threshold: float, where: str = "") -> str:
+    t = s.target
+    refs = ", ".join(s.reference.modules) or "none"
+    return (f"Ekka #{s.rank}{where}: {t.module} ({t.cls}){_kind(s)} — {finding(s)} (threshold {threshold}); "
+            f"reference module(s): {refs}")
 
 
 def _value(v: Any) -> str:
@@ -137,50 +144,46 @@ def _value(v: Any) -> str:
         return str(v)
 
 
-def serving_suffix(report: dict[str, Any]) -> str:
+def serving_suffix(report: Report) -> str:
     """`` (served: diverges only with batching on)`` for the diagnostics when configuration triage found the served
     features that make the served configuration diverge; empty otherwise."""
-    triage = _dict(_dict(report.get("serving")).get("triage"))
-    culprit = [str(f) for f in triage.get("culprit") or []]
-    if triage.get("direction") != "served-diverges" or not culprit:
+    triage = report.serving.triage if report.serving else None
+    if triage is None or triage.direction != "served-diverges" or not triage.culprit:
         return ""
-    return f" (served: diverges only with {' + '.join(culprit)} on)"
+    return f" (served: diverges only with {' + '.join(triage.culprit)} on)"
 
 
-def serving_line(report: dict[str, Any]) -> str | None:
+def serving_line(report: Report) -> str | None:
     """One Markdown line for the hover: does the served configuration diverge (triage's words), and under which
     configuration the ratios shown were traced. None for a report without a ``serving`` section."""
-    serving = report.get("serving")
-    if not isinstance(serving, dict):
+    serving = report.serving
+    if serving is None:
         return None
-    triage = _dict(serving.get("triage"))
-    served = _dict(serving.get("served")) or _dict(triage.get("served"))
+    triage = serving.triage
+    served = serving.served or (triage.served if triage else None)
     if served:
-        ratio = fmt_ratio(served.get("ratio"))
-        head = (f"**Diverges in the served configuration** (ratio {ratio}×)" if served.get("diverges") else
+        ratio = fmt_ratio(served.ratio)
+        head = (f"**Diverges in the served configuration** (ratio {ratio}×)" if served.diverges else
                 f"**The served configuration matches the reference** (ratio {ratio}×)")
     else:
         head = "**The served configuration was not checked**"
-    parts = [head + (f" — configuration triage: {triage['words']}" if triage.get("words") else "")]
-    baseline = "the eager baseline" if _dict(serving.get("traced_args")).get("enforce_eager") else "the traced baseline"
-    under = [str(f) for f in triage.get("traced_under") or []]
-    changes = [c for c in serving.get("changes") or [] if isinstance(c, dict) and c.get("arg")]
+    parts = [head + (f" — configuration triage: {triage.words}" if triage and triage.words else "")]
+    baseline = "the eager baseline" if (serving.traced_args or {}).get("enforce_eager") else "the traced baseline"
+    under = triage.traced_under if triage else []
+    changes = [c for c in serving.changes if c.arg]
     if under:
-        differing = _dict(triage.get("differing"))
         feats = []
         for f in under:
-            d = _dict(differing.get(f))
-            both = "served" in d and "baseline" in d
-            feats.append(f"`{f}` as served" + (f" ({_value(d['served'])}; baseline {_value(d['baseline'])})" if both else ""))
+            d = triage.differing.get(f)
+            feats.append(f"`{f}` as served" + (f" ({_value(d.served)}; baseline {_value(d.baseline)})" if d else ""))
         parts.append(f"traced under: {baseline} + " + ", ".join(feats))
     elif changes:
-        shown = ", ".join(f"`{c['arg']}={_value(c.get('traced'))}`" for c in changes[:4])
+        shown = ", ".join(f"`{c.arg}={_value(c.traced)}`" for c in changes[:4])
         parts.append(f"traced under: {baseline} ({shown}{', …' if len(changes) > 4 else ''})")
     else:
         parts.append("traced under: the served configuration itself (nothing changed for tracing)")
-    untraceable = [str(f) for f in triage.get("untraceable") or []]
-    if untraceable:
-        parts.append(f"hooks cannot see into {', '.join(untraceable)}")
+    if triage and triage.untraceable:
+        parts.append(f"hooks cannot see into {', '.join(triage.untraceable)}")
     return "; ".join(parts)
 
 
@@ -199,56 +202,59 @@ def _line_range(line: int, text: str | None) -> types.Range:
 
 
 def diagnostics(result: Result, line_text: LineText) -> dict[str, list[types.Diagnostic]]:
-    """path_key → diagnostics on that file (class lines and own forward lines of the suspects)."""
-    thr = result.report.get("threshold")
+    """path_key → diagnostics on that file (class lines and own forward lines of the suspects); none for an
+    inconclusive report (it could not look, so nothing in the source is to blame)."""
+    thr = result.report.threshold
     suffix = serving_suffix(result.report)
     out: dict[str, list[types.Diagnostic]] = {}
+    if result.report.verdict == "inconclusive":
+        return out
     for m in result.marks:
-        lead, *others = sorted(m.suspects, key=lambda s: s["rank"])
-        where = {"class": "", "forward": f" (forward of {lead['target']['class']})", "call": " (called here)"}
+        lead, *others = sorted(m.suspects, key=lambda s: s.rank)
+        where = {"class": "", "forward": f" (forward of {lead.target.cls})", "call": " (called here)"}
         msg = suspect_message(lead, thr, where[m.kind])
         if others:
-            msg += "; also " + "; ".join(f"#{s['rank']} {s['target']['module']} (ratio {fmt_ratio(s.get('error_ratio'))}×)"
+            msg += "; also " + "; ".join(f"#{s.rank} {s.target.module} (ratio {fmt_ratio(s.error_ratio)}×)"
                                          for s in others)
         msg += suffix
         out.setdefault(path_key(m.path), []).append(types.Diagnostic(
             range=_line_range(m.line, line_text(m.path, m.line)), message=msg, severity=severity(m.rank),
             source=DIAGNOSTIC_SOURCE, code=CODES[m.kind],
-            data={"jobId": result.job_id, "rank": lead["rank"], "module": lead["target"]["module"]}))
+            data={"jobId": result.job_id, "rank": lead.rank, "module": lead.target.module}))
     return out
 
 
-def lens_title(s: dict[str, Any]) -> str:
-    parts = [f"Ekka #{s['rank']}", f"ratio {fmt_ratio(s.get('error_ratio'))}×"]
-    if s.get("onset_token") is not None:
-        parts.append(f"diverges from token {s['onset_token']}")
+def lens_title(s: Suspect) -> str:
+    parts = [f"Ekka #{s.rank}", f"ratio {fmt_ratio(s.error_ratio)}×"]
+    if s.onset_token is not None:
+        parts.append(f"diverges from token {s.onset_token}")
     return " · ".join(parts + ["Show divergence"])
 
 
-def release_bisection(report: dict[str, Any]) -> dict[str, Any] | None:
+def release_bisection(report: Report) -> BisectSection | None:
     """The report's ``bisect`` section when it found the release that broke it (last good and first bad)."""
-    b = report.get("bisect")
-    if isinstance(b, dict) and b.get("outcome") == "regression-found" and b.get("first_bad") and b.get("last_good"):
+    b = report.bisect
+    if b is not None and b.outcome == "regression-found" and b.first_bad and b.last_good:
         return b
     return None
 
 
-def release_lens_title(b: dict[str, Any], status: str | None = None) -> str:
+def release_lens_title(b: BisectSection, status: str | None = None) -> str:
     """``changed in 1.1 (last good 1.0) · Show diff`` (a changed symbol: ``added in …`` when it is new)."""
-    if status is None and not b.get("changes"):
-        return f"first bad {b['first_bad']} (last good {b['last_good']}) · Show bisection"
+    if status is None and not b.changes:
+        return f"first bad {b.first_bad} (last good {b.last_good}) · Show bisection"
     verb = "added" if status == "added" else "changed"
-    return f"{verb} in {b['first_bad']} (last good {b['last_good']}) · Show diff"
+    return f"{verb} in {b.first_bad} (last good {b.last_good}) · Show diff"
 
 
-def _bisect_suspect(result: Result, b: dict[str, Any]) -> tuple[str, int] | None:
+def _bisect_suspect(result: Result, b: BisectSection) -> tuple[str, int] | None:
     """(path, 0-based line) of the class the bisection names: its suspect (the first bad release's rank 1)."""
-    module = _dict(b.get("suspect")).get("module")
-    suspects = sorted(result.report.get("suspects", []), key=lambda s: s["rank"])
-    named = [s for s in suspects if module and s["target"]["module"] == module] or suspects[:1]
-    t = named[0]["target"] if named else _dict(b.get("suspect"))
-    if t.get("file") and isinstance(t.get("line"), int) and t["line"] >= 1:
-        return t["file"], t["line"] - 1
+    module = b.suspect.module if b.suspect else None
+    suspects = sorted(result.report.suspects, key=lambda s: s.rank)
+    named = [s for s in suspects if module and s.target.module == module] or suspects[:1]
+    t = named[0].target if named else b.suspect
+    if t is not None and t.file and isinstance(t.line, int) and t.line >= 1:
+        return t.file, t.line - 1
     return None
 
 
@@ -260,11 +266,11 @@ def code_lenses(result: Result, key: str, line_text: LineText) -> list[types.Cod
     for m in result.marks:
         if m.kind != "class" or path_key(m.path) != key:
             continue
-        for s in sorted(m.suspects, key=lambda s: s["rank"]):
+        for s in sorted(m.suspects, key=lambda s: s.rank):
             lenses.append(types.CodeLens(
                 range=_line_range(m.line, line_text(m.path, m.line)),
                 command=types.Command(title=lens_title(s), command=CLIENT_SHOW_DIVERGENCE,
-                                      arguments=[{"jobId": result.job_id, "module": s["target"]["module"]}])))
+                                      arguments=[{"jobId": result.job_id, "module": s.target.module}])))
     if b is None:
         return lenses
     if at is not None and release_at == (key, at[1]):
@@ -272,27 +278,61 @@ def code_lenses(result: Result, key: str, line_text: LineText) -> list[types.Cod
             range=_line_range(at[1], line_text(at[0], at[1])),
             command=types.Command(title=release_lens_title(b), command=CLIENT_SHOW_RELEASE_DIFF,
                                   arguments=[{"jobId": result.job_id}])))
-    for c in b.get("changes") or []:
-        file, line = c.get("file_bad"), c.get("line_bad")
+    for c in b.changes:
+        file, line = c.file_bad, c.line_bad
         if not file or not isinstance(line, int) or line < 1 or path_key(file) != key:
             continue
         if release_at == (key, line - 1):      # the suspect's class line has its lens already
             continue
         lenses.append(types.CodeLens(
             range=_line_range(line - 1, line_text(file, line - 1)),
-            command=types.Command(title=release_lens_title(b, c.get("status") or "changed"),
+            command=types.Command(title=release_lens_title(b, c.status or "changed"),
                                   command=CLIENT_SHOW_RELEASE_DIFF,
-                                  arguments=[{"jobId": result.job_id, "symbol": c.get("symbol")}])))
+                                  arguments=[{"jobId": result.job_id, "symbol": c.symbol}])))
     return lenses
 
 
-def _locations(result: Result) -> dict[str, dict[str, Any]]:
-    """module → {class, file, line, forward_file, forward_line}: the worker's map, completed by the suspects."""
+def rendered(report: Report) -> dict[str, Any]:
+    """What ``ekka/reportUpdated`` carries next to the report, in Python's words, so that the editor shows them
+    verbatim and renders nothing itself: ``headline`` (:func:`~ekka_core.contracts.report.short_headline`, also the
+    job's message), ``coverage`` (:func:`~ekka_core.report.coverage.coverage`'s sections as ``{key, title, items:
+    [{label, text}]}``) and ``coverageLine`` (:func:`~ekka_core.report.coverage.coverage_line`)."""
+    return {
+        "headline": short_headline(report),
+        "coverage": [{"key": s.key, "title": s.title,
+                      "items": [{"label": label, "text": text} for label, text in s.items]} for s in coverage(report)],
+        "coverageLine": coverage_line(report),
+    }
+
+
+def _coverage_item(section: CoverageSection, label: str, text: str) -> str:
+    if not label:
+        return f"- {text}"
+    return f"- `{label}`: {text}" if section.key in ("unchecked", "conventions") else f"- {label}: {text}"
+
+
+def coverage_hover(report: Report, keys: Iterable[str]) -> list[str]:
+    """Markdown lines for the hover: the report's coverage sections named in ``keys`` (in the report's order), each
+    cut to its first few items with the count left — except what was not observed and the checks, never cut."""
+    lines: list[str] = []
+    wanted = set(keys)
+    for section in coverage(report):
+        if section.key not in wanted:
+            continue
+        whole = section.key in ("missing", "checks")
+        shown = section.items if whole else section.items[:MAX_HOVER_COVERAGE]
+        lines += [f"**{section.title}**", ""] + [_coverage_item(section, label, text) for label, text in shown]
+        if len(shown) < len(section.items):
+            lines.append(f"- … and {len(section.items) - len(shown)} more (report.md)")
+        lines.append("")
+    return lines
+
+
+def _locations(result: Result) -> dict[str, TargetLocation]:
+    """module → where its class is defined: the worker's map, completed by the suspects."""
     locs = dict(result.modules)
-    for s in result.report.get("suspects", []):
-        t = s["target"]
-        locs.setdefault(t["module"], {"class": t["class"], "file": t.get("file"), "line": t.get("line"),
-                                      "forward_file": t.get("forward_file"), "forward_line": t.get("forward_line")})
+    for s in result.report.suspects:
+        locs.setdefault(s.target.module, s.target)
     return locs
 
 
@@ -301,41 +341,47 @@ def hover(result: Result, key: str, line: int) -> types.Hover | None:
     locs = _locations(result)
     hit: tuple[str, str] | None = None   # (class name, class file key)
     for loc in locs.values():
-        for f, ln in ((loc.get("file"), loc.get("line")),
-                      (loc.get("forward_file") if loc.get("forward_file") == loc.get("file") else None,
-                       loc.get("forward_line"))):
-            if f and isinstance(ln, int) and ln - 1 == line and path_key(f) == key:
-                hit = (loc["class"], path_key(loc["file"]))
+        own_forward = loc.forward_file if loc.forward_file == loc.file else None
+        for f, ln in ((loc.file, loc.line), (own_forward, loc.forward_line)):
+            if f and loc.file and isinstance(ln, int) and ln - 1 == line and path_key(f) == key:
+                hit = (loc.cls, path_key(loc.file))
                 break
         if hit:
             break
     if hit is None:
         return None
     cls, cls_key = hit
-    same = lambda mod: (mod in locs and locs[mod].get("class") == cls  # noqa: E731
-                        and locs[mod].get("file") and path_key(locs[mod]["file"]) == cls_key)
-    rows = [s for s in result.report.get("plots", {}).get("series", []) if same(s["component"])]
-    suspects = [s for s in result.report.get("suspects", []) if same(s["target"]["module"])]
-    thr = result.report.get("threshold")
-    lines = [f"**Ekka** · `{cls}` · {result.report.get('verdict', '?')} (job {result.job_id})", ""]
-    served = serving_line(result.report)
+    same = lambda mod: (mod in locs and locs[mod].cls == cls  # noqa: E731
+                        and bool(locs[mod].file) and path_key(locs[mod].file) == cls_key)
+    report = result.report
+    rows = [p for p in report.plots.series if same(p.component)]
+    suspects = [s for s in report.suspects if same(s.target.module)]
+    thr = report.threshold
+    lines = [f"**Ekka** · `{cls}` · {report.verdict} (job {result.job_id})", ""]
+    if report.verdict == "inconclusive":
+        lines += ["**Inconclusive**: the diagnosis could not observe what a verdict needs (below, each with its fix); "
+                  "it says neither that the engine agrees nor that it does not.", ""]
+    served = serving_line(report)
     if served:
         lines += [served, ""]
+    lines += coverage_hover(report, ["missing"])
     for s in suspects:
-        lines.append(f"- suspect **#{s['rank']}** `{s['target']['module']}`: error ratio "
-                     f"{fmt_ratio(s.get('error_ratio'))}×{_onset(s)}")
+        lines.append(f"- suspect **#{s.rank}** `{s.target.module}`{_kind(s)}: {finding(s)}")
     if suspects:
         lines.append("")
     if rows:
         lines += ["| module | error ratio |", "|:--|--:|"]
         for r in rows[:MAX_HOVER_ROWS]:
-            ratio = fmt_ratio(r.get("error_ratio"))
-            above = thr is not None and r.get("error_ratio") is not None and r["error_ratio"] > thr
-            lines.append(f"| `{r['component']}` | {'**' + ratio + '** ⚠' if above else ratio} |")
+            ratio = fmt_ratio(r.error_ratio)
+            above = r.error_ratio is not None and r.error_ratio > thr
+            lines.append(f"| `{r.component}` | {'**' + ratio + '** ⚠' if above else ratio} |")
         if len(rows) > MAX_HOVER_ROWS:
             lines.append(f"| … {len(rows) - MAX_HOVER_ROWS} more | |")
-        lines += ["", f"Along the layers: `{sparkline([r.get('error_ratio') for r in rows], thr)}` "
+        lines += ["", f"Along the layers: `{sparkline([r.error_ratio for r in rows], thr)}` "
                       f"(error ratio, log scale; threshold {thr})"]
     else:
         lines.append("_No compared module of this class._")
+    rest = coverage_hover(report, ["checks", "conventions", "unchecked", "notes"])
+    if rest:
+        lines += [""] + rest[:-1]
     return types.Hover(contents=types.MarkupContent(kind=types.MarkupKind.Markdown, value="\n".join(lines)))

@@ -50,7 +50,15 @@ diagnostics' message ends ``(served: diverges only with batching on)``.
 Notifications (server → client):
 
 ``ekka/jobState``       a job record (below), sent on every state, stage or progress change.
-``ekka/reportUpdated``  ``{jobId, report, paths: {json, md, html}, out_dir, uri}`` after each finished diagnosis.
+``ekka/reportUpdated``  ``{jobId, report, paths: {json, md, html}, out_dir, uri, headline, coverage, coverageLine}``
+                        after each finished diagnosis; ``report`` is report.json as :meth:`Report.to_json
+                        <ekka_core.contracts.report.Report.to_json>` writes it (every field present; JSON Schema:
+                        ``ekka_core/contracts/report.schema.json``, TypeScript: ``extension/src/report.generated.ts``).
+                        The rest is the report in Python's words, which the editor shows verbatim
+                        (:func:`server.present.rendered`): ``headline`` the verdict in a few words (the job's
+                        message), ``coverage`` the sections of what was and was not observed ``[{key, title, items:
+                        [{label, text}]}]`` (:func:`ekka_core.report.coverage.coverage`; ``key`` one of ``missing |
+                        checks | conventions | unchecked | notes``), ``coverageLine`` how much was compared.
 
 Job record: ``{jobId, state, stage, percent, message, uri, out_dir, pid, exit_code, error, verdict}`` with
 ``state`` one of ``queued | running | done | failed | cancelled``, ``stage`` one of the pipeline's STAGES (or
@@ -62,8 +70,9 @@ Engine process (``python -m server.engine_process``: newline-delimited JSON-RPC 
 request ``diagnose {spec: {DiagnosisSpec fields}, out_dir, fresh, env?}``
   → notifications ``progress {id, stage, message, percent}``
   → response ``result {report, paths: {json, md, html}, modules: {module: {class, file, line, forward_file,
-    forward_line}}}`` or ``error {code: -32000 - exit_code, message, data: <error envelope, with traceback for
-    an internal failure>}`` (:func:`worker_error` / :func:`worker_failure`).
+    forward_line}}}`` (``report``: ``Report.to_json()``, read once by the server into ``server.jobs.WorkerResult``)
+    or ``error {code: -32000 - exit_code, message, data: <error envelope, with traceback for an internal
+    failure>}`` (:func:`worker_error` / :func:`worker_failure`).
 request ``ping`` → ``{pid, python, heavy_modules}``.  EOF on stdin ends the worker.
 """
 
@@ -73,6 +82,7 @@ import json
 import sys
 from typing import Any
 
+from ekka_core import STAGE_WEIGHTS, STAGES
 from ekka_core.contracts.errors import EkkaError
 
 # ----------------------------------------------------------------------------------------------- LSP names
@@ -102,9 +112,8 @@ REQUEST_FAILED = -32803
 
 HEAVY_PACKAGES = ("torch", "vllm", "transformers", "sglang")
 
-# Where each of the pipeline's stages starts on the 0–100 progress scale: capturing (three real model runs)
-# dominates the time.
-STAGE_START = {"capture": 0, "tree": 70, "mapping": 75, "align": 80, "analysis": 85, "report": 95}
+# Where each of the pipeline's stages starts on the 0–100 progress scale: the weights of the stages before it.
+STAGE_START = {stage: sum(STAGE_WEIGHTS[s] for s in STAGES[:i]) for i, stage in enumerate(STAGES)}
 
 
 def stage_percent(stage: str, nth_message: int) -> int:

@@ -24,9 +24,9 @@ from pygls.uris import from_fs_path, to_fs_path
 from ekka_core import __version__
 from ekka_core.contracts.env import check_ekka_env
 from ekka_core.contracts.errors import EkkaError, InternalFailure
-from ekka_core.contracts.report import short_headline
-from server.jobs import REMOTE_CANCEL_GRACE_S, Job, WorkerProcess, kill_if_alive, kill_session
-from server.present import Result, code_lenses, diagnostics, hover, path_key
+from ekka_core.contracts.report import EXIT_CODES, short_headline
+from server.jobs import REMOTE_CANCEL_GRACE_S, Job, WorkerProcess, WorkerResult, kill_if_alive, kill_session
+from server.present import Result, code_lenses, diagnostics, hover, path_key, rendered
 from server.protocol import (CMD_CANCEL, CMD_CLEAR, CMD_DIAGNOSE, CMD_STATUS, FINAL_STATES, NOTIFY_JOB_STATE,
                              NOTIFY_REPORT_UPDATED, REQUEST_FAILED, heavy_modules)
 from server.settings import Settings, resolve_interpreter
@@ -223,17 +223,18 @@ class EkkaServer(LanguageServer):
             self.notify_state(job)
             job.done.set()
 
-    def _finish_ok(self, job: Job, result: dict[str, Any]) -> None:
-        report = result["report"]
-        job.state, job.verdict, job.stage, job.percent = "done", report.get("verdict"), None, 100
-        job.exit_code = 0 if job.verdict == "consistent" else 1
+    def _finish_ok(self, job: Job, result: WorkerResult) -> None:
+        report = result.report
+        job.state, job.verdict, job.stage, job.percent = "done", report.verdict, None, 100
+        job.exit_code = EXIT_CODES[report.verdict]
         job.message = short_headline(report)
-        self.results[job.workspace] = Result(job.id, report, modules=result.get("modules") or {},
-                                             paths=result.get("paths") or {}, out_dir=job.out_dir, uri=job.uri)
+        self.results[job.workspace] = Result(job.id, report, modules=result.modules, paths=result.paths,
+                                             out_dir=job.out_dir, uri=job.uri)
         self.publish_all()
         self.refresh_lenses()
-        self.protocol.notify(NOTIFY_REPORT_UPDATED, {"jobId": job.id, "report": report, "paths": result.get("paths"),
-                                                     "out_dir": job.out_dir, "uri": job.uri})
+        self.protocol.notify(NOTIFY_REPORT_UPDATED, {"jobId": job.id, "report": report.to_json(),
+                                                     "paths": result.paths, "out_dir": job.out_dir, "uri": job.uri,
+                                                     **rendered(report)})
 
     def _fail(self, job: Job, err: EkkaError) -> None:
         job.state, job.exit_code = "failed", err.exit_code

@@ -1,4 +1,4 @@
-"""Stage 3, second half — the component-mapping agent, for what the deterministic rules cannot place.
+"""The mapping stage, second half — the component-mapping agent, for what the deterministic rules cannot place.
 
 Entry point: :func:`complete_mapping`. It is only called for components that :func:`ekka_core.mapping.map_components`
 left open (``Unmapped`` with status ``no-rule`` or ``rules-off``); rule-made pairs are never touched. In order:
@@ -20,7 +20,7 @@ left open (``Unmapped`` with status ``no-rule`` or ``rules-off``); rule-made pai
 
     outcome = complete_mapping(mapping, t_tree, r_tree, traces=Traces(...), config=AgentConfig.from_env(),
                                transcript_dir=out_dir)
-    report["agent"] = outcome.to_json()
+    report = build_report(ranking, spec=spec, meta=meta, agent=outcome.to_report())   # report.agent
 """
 
 from __future__ import annotations

@@ -13,23 +13,22 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ekka_core.agent.config import AgentConfig
+from ekka_core.contracts.jsonable import to_json
+from ekka_core.contracts.report import AgentUsage
 
 CHARS_PER_TOKEN = 3.0
 
 
 @dataclass
-class Usage:
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-    cache_read_input_tokens: int = 0
-    dollars: float = 0.0
+class Usage(AgentUsage):
+    """What the session has used so far; its fields are the report's ``agent.usage``."""
+
+    def rounded(self) -> AgentUsage:
+        """As the report holds it: dollars to the micro-dollar."""
+        return AgentUsage(**{**asdict(self), "dollars": round(self.dollars, 6)})
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["dollars"] = round(self.dollars, 6)
-        return d
+        return to_json(self.rounded())
 
 
 class BudgetExceeded(Exception):

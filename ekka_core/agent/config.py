@@ -114,6 +114,7 @@ class AgentConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "AgentConfig":
         """``ANTHROPIC_API_KEY``, ``ANTHROPIC_BASE_URL``, ``EKKA_AGENT`` (0/off/false: knowledge base only),
+        ``EKKA_KNOWLEDGE_BASE`` (0/off/false: no knowledge base, shipped or written),
         ``EKKA_AGENT_MODEL``, ``EKKA_AGENT_MAX_DOLLARS``, ``EKKA_AGENT_MAX_INPUT_TOKENS``,
         ``EKKA_AGENT_MAX_OUTPUT_TOKENS``, ``EKKA_KNOWLEDGE_DIR``. A malformed number is ignored with a note (the
         default applies) rather than failing a diagnosis that already captured its traces."""
@@ -122,6 +123,8 @@ class AgentConfig:
                   kb_dir=default_kb_dir(env))
         if env.get("EKKA_AGENT", "").strip().lower() in ("0", "off", "false", "no"):
             cfg.enabled = False
+        if env.get("EKKA_KNOWLEDGE_BASE", "").strip().lower() in ("0", "off", "false", "no"):
+            cfg.use_kb = False        # map with the rules (and the agent) alone, e.g. to see what they cover
         if env.get("EKKA_AGENT_MODEL"):
             cfg.model = env["EKKA_AGENT_MODEL"].strip()
         for var, attr, kind in (("EKKA_AGENT_MAX_DOLLARS", "max_dollars", float),

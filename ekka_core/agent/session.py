@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,9 @@ from ekka_core.agent.kb import KBKey, KnowledgeBase, major_minor
 from ekka_core.agent.proposals import Explanation, Proposal, Validator, Verdict, generalize, instantiate, match
 from ekka_core.agent.tools import TOOLS, Toolbox, check_args
 from ekka_core.agent.transcript import Transcript
+from ekka_core.contracts.jsonable import to_json
 from ekka_core.contracts.mapping import AGENT_EXPLAINED, AGENT_MAPPED, UNCHECKED
+from ekka_core.contracts.report import AgentSection, AgentSessionCounts
 from ekka_core.mapping import Mapping, Unmapped
 from ekka_core.tree import ModelTree
 
@@ -39,7 +43,7 @@ or explained; a validator checks everything and sends back what to fix."""
 
 
 @dataclass
-class AgentOutcome:
+class AgentOutcome(AgentSessionCounts):
     status: str = "nothing-to-do"
     message: str = ""
     model: str = ""
@@ -51,12 +55,6 @@ class AgentOutcome:
     usage: Usage = field(default_factory=Usage)
     budget: dict[str, Any] = field(default_factory=dict)
     budget_exceeded: str | None = None                          # which limit stopped the session
-    rounds: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    malformed_tool_calls: int = 0
-    retries: int = 0
-    validator_problems: list[str] = field(default_factory=list)
     kb_key: dict[str, str] = field(default_factory=dict)
     kb_used: list[str] = field(default_factory=list)
     kb_written: list[str] = field(default_factory=list)
@@ -89,22 +87,23 @@ class AgentOutcome:
             return f"agent: mapped {len(self.mapped)}, explained {len(self.explained)}{kb} — {cost}"
         return f"agent: {len(self.unchecked)} component(s) left unchecked — {self.message} ({cost})"
 
+    def to_report(self) -> AgentSection:
+        """The report's ``agent`` section."""
+        return AgentSection(
+            status=self.status, ok=self.ok, message=self.message, model=self.model,
+            components={"asked": len(self.asked), "mapped": len(self.mapped), "explained": len(self.explained),
+                        "from_knowledge_base": len(self.from_kb), "unchecked": len(self.unchecked)},
+            mapped=list(self.mapped), explained=list(self.explained), from_knowledge_base=list(self.from_kb),
+            unchecked=list(self.unchecked),
+            usage=self.usage.rounded(), budget={**self.budget, "exceeded": self.budget_exceeded},
+            **{f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(AgentSessionCounts)},
+            knowledge_base={"key": self.kb_key, "used": self.kb_used, "written": self.kb_written},
+            aligners={c: {k: v for k, v in a.items() if k != "source"} for c, a in self.aligners.items()},
+            transcript=self.transcript, events=list(self.events), notes=list(self.notes))
+
     def to_json(self) -> dict[str, Any]:
-        """The ``report["agent"]`` field."""
-        return {"status": self.status, "ok": self.ok, "message": self.message, "model": self.model,
-                "components": {"asked": len(self.asked), "mapped": len(self.mapped),
-                               "explained": len(self.explained), "from_knowledge_base": len(self.from_kb),
-                               "unchecked": len(self.unchecked)},
-                "mapped": self.mapped, "explained": self.explained, "from_knowledge_base": self.from_kb,
-                "unchecked": self.unchecked,
-                "usage": self.usage.to_json(),
-                "budget": {**self.budget, "exceeded": self.budget_exceeded},
-                "rounds": self.rounds, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
-                "malformed_tool_calls": self.malformed_tool_calls, "retries": self.retries,
-                "validator_problems": self.validator_problems,
-                "knowledge_base": {"key": self.kb_key, "used": self.kb_used, "written": self.kb_written},
-                "aligners": {c: {k: v for k, v in a.items() if k != "source"} for c, a in self.aligners.items()},
-                "transcript": self.transcript, "events": self.events, "notes": self.notes}
+        """The report's ``agent`` field as JSON (:meth:`to_report`, written by the report codec)."""
+        return to_json(self.to_report())
 
 
 def kb_key(target: ModelTree, reference: ModelTree, traces: Any, config: AgentConfig) -> KBKey:

@@ -9,22 +9,42 @@
 * the child is a standalone script, :mod:`ekka_core.align.sandbox_child`, run by its file path with the temp
   dir as its working directory; it imports only numpy and safetensors — not Ekka, not torch — so it starts in
   ~0.2 s and needs ~100 MB of address space;
-* ``preexec_fn`` sets rlimits before the interpreter starts: address space = ``memory_mb``, CPU time ≈
+* the child runs under an OS boundary, **bubblewrap** (``bwrap``, :func:`bwrap_argv`): new user, mount, pid,
+  network, ipc, uts and cgroup namespaces (``--unshare-all``), all capabilities dropped, its own session
+  (``--new-session``), killed with its parent (``--die-with-parent``). Its root is an empty tmpfs, remounted
+  read-only, holding only read-only binds of what the child needs: ``/usr/lib*`` and ``/lib*`` (libc, libm,
+  libstdc++…), the interpreter's binary, its standard library and ``libpython`` at their own paths (the standard
+  library's ``site-packages`` hidden under an empty tmpfs), the numpy and safetensors package dirs (and
+  ``numpy.libs``, numpy's bundled BLAS) at ``/ekka/site``, and the child script at ``/ekka/sandbox_child.py``.
+  The job's temp dir is the one writable place, bound at ``/job`` and used as the working directory; ``/proc``
+  is the sandbox's own (its processes only) and ``/dev`` a minimal one (null, zero, urandom…). No ``/etc``,
+  ``/home``, ``/root`` (beyond the interpreter's own files), ``/work``, ``/tmp`` or ``/sys`` of the host; no
+  network (an own network namespace holding only a loopback); no host process visible. File reads that get past
+  the Python-level stubs below — ``numpy``'s own file I/O, ``os``, ``ctypes`` into libc — find nothing to read;
+* ``preexec_fn`` sets rlimits (inherited through ``bwrap``): address space = ``memory_mb``, CPU time ≈
   ``timeout_s``, 64 open files, files written ≤ ``memory_mb``, no core dumps; the child gets its own session so
-  the whole process group is killed on the wall-clock timeout;
-* the environment is replaced by :func:`sanitized_env` (no API keys or tokens), cwd is the temp dir;
+  the whole process group is killed on the wall-clock timeout (``bwrap`` dies, and the sandbox with it);
+* the environment is replaced by :func:`sanitized_env` (no API keys or tokens, ``--clearenv`` inside the sandbox);
 * before the aligner's code runs, the child replaces ``socket.socket``, ``socket.create_connection`` and the
   name-resolution functions (in ``socket`` and ``_socket``) and ``builtins.open`` with stubs that raise; a network
-  attempt fails the run even when the aligner swallowed the exception.
+  attempt fails the run even when the aligner swallowed the exception. These stubs, the rlimits and the static
+  checks (no imports besides numpy/math, no ``open``/``exec``/``getattr``/dunder access, no numpy file I/O) are
+  defence in depth and clear error messages for an honest-but-wrong aligner; the namespaces are the boundary.
 
 Then the self-checks (``shape`` and ``finite`` always, plus those the source declares in ``SELF_CHECKS``) run in
 the parent on the returned fp32 arrays. Every failure raises :class:`~ekka_core.align.AlignmentError` naming what
 failed.
 
-This is containment for buggy or careless code, not a hardened security boundary: there is no seccomp or
-namespace isolation, so code that evades the static checks could still read files the user can read. The static
-checks (no imports besides numpy/math, no ``open``/``exec``/``getattr``/dunder access, no numpy file I/O) and the
-stripped environment keep an honest-but-wrong aligner from doing harm.
+The boundary is what Linux namespaces give an unprivileged process: it keeps the aligner away from the user's
+files, network and processes. There is no seccomp filter, so the whole kernel system-call surface stays reachable
+(a kernel exploit is out of scope), and what the binds expose — system libraries, the interpreter, numpy — is
+readable (but holds no user data). Without a working ``bwrap`` (not installed, or the host forbids user
+namespaces: ``sysctl kernel.unprivileged_userns_clone``, ``user.max_user_namespaces``, Ubuntu's AppArmor
+restriction, or a container's seccomp profile) untrusted aligner code is **refused** with
+:class:`SandboxUnavailable`, naming the fix. Setting ``EKKA_ALIGNER_SANDBOX=rlimits-only`` runs it anyway without
+the namespaces (rlimits, stubs and static checks only — *not* a security boundary: code that evades the static
+checks can read any file the user can); every such run warns and records ``sandbox="rlimits-only"`` in its
+:class:`AlignerResult` (``"bwrap"`` otherwise).
 
 Run directly, this module runs one aligner on the safetensors files in a directory (a debugging aid)::
 
@@ -37,11 +57,14 @@ import json
 import math
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -63,6 +86,24 @@ CHILD = Path(__file__).resolve().with_name("sandbox_child.py")
 LOG_TAIL = 20_000            # characters of the child's stdout+stderr kept in the result / error
 CORRELATION_MIN = 0.9        # row_sums / col_sums threshold
 
+# Which boundary the child runs under: "bwrap" (the default) or "rlimits-only" (an explicit opt-out, see above).
+SANDBOX_ENV = "EKKA_ALIGNER_SANDBOX"
+SANDBOX_MODES = ("bwrap", "rlimits-only")
+# Paths inside the bubblewrap sandbox.
+JOB_DIR = "/job"                          # the job's temp dir, read-write, the working directory
+SITE_DIR = "/ekka/site"                   # numpy, numpy.libs, safetensors (read-only)
+CHILD_IN_SANDBOX = "/ekka/sandbox_child.py"
+SANDBOX_FIX = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; scripts/setup.sh does) and allow "
+               "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces "
+               "> 0; Ubuntu 24.04: kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for bwrap; "
+               f"in a container: a seccomp profile that allows unshare) — or set {SANDBOX_ENV}=rlimits-only to run "
+               "aligners without that boundary (rlimits and static checks only; they can then read your files)")
+
+
+class SandboxUnavailable(AlignmentError):
+    """The bubblewrap boundary cannot be set up here, and the rlimits-only opt-out is not set: the aligner is
+    refused, not run."""
+
 
 @dataclass
 class AlignerResult:
@@ -71,6 +112,16 @@ class AlignerResult:
     checks: dict[str, bool] = field(default_factory=dict)   # self-check -> passed (all True when returned)
     stderr: str = ""                          # the child's stdout and stderr, last LOG_TAIL characters
     seconds: float = 0.0                      # wall time of the child process
+    sandbox: str = "bwrap"                    # the boundary it ran under: "bwrap" or "rlimits-only" (SANDBOX_ENV)
+
+
+def sandbox_mode(environ: Mapping[str, str] | None = None) -> str:
+    """The boundary aligners run under, from :data:`SANDBOX_ENV` (unset or empty: ``"bwrap"``)."""
+    mode = (os.environ if environ is None else environ).get(SANDBOX_ENV, "").strip() or "bwrap"
+    if mode not in SANDBOX_MODES:
+        raise AlignmentError(f"{SANDBOX_ENV}={mode!r} is not a sandbox mode",
+                             fix=f"set it to one of {', '.join(SANDBOX_MODES)} (or leave it unset: bwrap)")
+    return mode
 
 
 def sanitized_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -134,17 +185,28 @@ def run_aligner_jobs(src: str, jobs: list[AlignerJob], *, timeout_s: float = 10,
             raise AlignmentError(f"aligner meta is not JSON-serialisable: {e}") from e
         prepared.append((target, reference, meta, meta_json))
     checks_declared = declared_checks(src) if declared else []
+    mode = sandbox_mode()
+    bwrap = None
+    if mode == "bwrap":
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise SandboxUnavailable("aligner refused: the aligner sandbox needs bubblewrap (bwrap), which is not "
+                                     "installed", fix=SANDBOX_FIX)
+    else:
+        warnings.warn(f"{SANDBOX_ENV}=rlimits-only: the aligner runs without the bubblewrap boundary (rlimits and "
+                      "Python-level stubs only; it can read any file you can)", RuntimeWarning, stacklevel=2)
 
     results = []
     with tempfile.TemporaryDirectory(prefix="ekka-aligner-") as tmp:
         d = Path(tmp)
         (d / "aligner.py").write_text(src)
-        (d / "runner.json").write_text(json.dumps({"paths": _import_paths(), "jobs": len(prepared)}))
+        paths = [SITE_DIR] if bwrap else _import_paths()
+        (d / "runner.json").write_text(json.dumps({"paths": paths, "jobs": len(prepared)}))
         for n, (target, reference, _, meta_json) in enumerate(prepared):
             (d / f"job{n}.meta.json").write_text(meta_json)
             save_file(target, str(d / f"job{n}.target.safetensors"))
             save_file(reference, str(d / f"job{n}.reference.safetensors"))
-        rc, seconds, log = _spawn(d, timeout_s, memory_mb)
+        rc, seconds, log = _spawn(d, timeout_s, memory_mb, bwrap)
         error = d / "error.json"
         if error.exists():
             info = json.loads(error.read_text())
@@ -167,7 +229,7 @@ def run_aligner_jobs(src: str, jobs: list[AlignerJob], *, timeout_s: float = 10,
                               jobs, n)
                 err.checks = checks    # type: ignore[attr-defined]
                 raise err
-            results.append(AlignerResult(t, r, checks, log, seconds))
+            results.append(AlignerResult(t, r, checks, log, seconds, mode))
     return results
 
 
@@ -260,6 +322,71 @@ def _import_paths() -> list[str]:
     return list(dict.fromkeys(str(Path(m.__file__).resolve().parent.parent) for m in (np, safetensors)))
 
 
+def _package_dirs() -> list[Path]:
+    """The package dirs of numpy and safetensors, and numpy's bundled shared libraries (``numpy.libs``), if any."""
+    import safetensors
+    dirs = []
+    for m in (np, safetensors):
+        pkg = Path(m.__file__).resolve().parent
+        dirs += [pkg] + [libs for libs in (pkg.with_name(pkg.name + ".libs"),) if libs.is_dir()]
+    return list(dict.fromkeys(dirs))
+
+
+def _interpreter_files() -> tuple[Path, list[Path], str | None]:
+    """The real interpreter binary, what it needs to start (itself, its standard library, ``libpython`` when
+    shared), and the dir of ``libpython`` when the loader must be told where it is (``LD_LIBRARY_PATH``)."""
+    exe = Path(os.path.realpath(sys.executable))
+    stdlib = Path(os.__file__).resolve().parent                    # lib/python3.X, lib-dynload inside
+    files = [exe, stdlib]
+    lib_dir = None
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and soname and (Path(libdir) / soname).exists():
+        files.append(Path(libdir) / soname)
+        lib_dir = libdir
+    return exe, files, lib_dir
+
+
+def bwrap_argv(bwrap: str, job_dir: Path, env: Mapping[str, str]) -> list[str]:
+    """The ``bwrap`` command line that runs the child on ``job_dir`` (see the module docstring for the layout)."""
+    exe, interpreter, lib_dir = _interpreter_files()
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    bound: list[Path] = []
+
+    def ro_bind(src: Path, dst: Path | str | None = None) -> None:
+        dst = Path(dst or src)
+        if dst == src and any(dst.is_relative_to(b) for b in bound):
+            return                                                   # already inside a bound dir
+        argv.extend(["--ro-bind", str(src), str(dst)])
+        if dst == src:
+            bound.append(src)
+
+    links = []
+    for top in ("/usr", ""):                                           # /usr/lib* first, then /lib* (often links)
+        for name in ("lib", "lib32", "lib64", "libx32"):
+            path = Path(f"{top}/{name}")
+            if path.is_symlink():
+                links += ["--symlink", os.readlink(path), str(path)]
+            elif path.is_dir():
+                ro_bind(path)
+    argv += links
+    for f in interpreter:
+        ro_bind(f)
+    site = interpreter[1] / "site-packages"
+    if site.is_dir():
+        argv += ["--tmpfs", str(site)]                                # the base interpreter's own packages: hidden
+    for pkg in _package_dirs():
+        ro_bind(pkg, f"{SITE_DIR}/{pkg.name}")
+    ro_bind(CHILD, CHILD_IN_SANDBOX)
+    argv += ["--bind", str(job_dir), JOB_DIR, "--chdir", JOB_DIR, "--proc", "/proc", "--dev", "/dev",
+             "--remount-ro", "/", "--clearenv"]
+    inner = {k: v for k, v in env.items() if k != "PYTHONPATH"} | {"PATH": "/usr/bin:/bin"}   # no host paths
+    if lib_dir and not any(Path(lib_dir).is_relative_to(p) for p in ("/usr/lib", "/lib", "/usr/lib64", "/lib64")):
+        inner["LD_LIBRARY_PATH"] = lib_dir                             # no /etc/ld.so.cache in the sandbox
+    for k, v in inner.items():
+        argv += ["--setenv", k, v]
+    return argv + ["--", str(exe), "-I", "-B", CHILD_IN_SANDBOX]
+
+
 def _limits(timeout_s: float, memory_mb: int) -> Callable[[], None]:
     mem = int(memory_mb) << 20
     cpu = int(math.ceil(timeout_s)) + 1
@@ -275,12 +402,15 @@ def _limits(timeout_s: float, memory_mb: int) -> Callable[[], None]:
     return apply
 
 
-def _spawn(d: Path, timeout_s: float, memory_mb: int) -> tuple[int, float, str]:
-    """Run the child in ``d``; return (exit status, seconds, log tail). Raises AlignmentError on timeout."""
+def _spawn(d: Path, timeout_s: float, memory_mb: int, bwrap: str | None) -> tuple[int, float, str]:
+    """Run the child in ``d`` — under ``bwrap`` when given, else with rlimits only; return (exit status, seconds,
+    log tail). Raises AlignmentError on timeout, :class:`SandboxUnavailable` when bwrap cannot set up."""
     log_path = d / "log.txt"
+    env = sanitized_env()
+    argv = bwrap_argv(bwrap, d, env) if bwrap else [sys.executable, "-I", "-B", str(CHILD)]
     start = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-I", "-B", str(CHILD)], cwd=d, env=sanitized_env(),
+        proc = subprocess.Popen(argv, cwd=d, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True,
                                 preexec_fn=_limits(timeout_s, memory_mb), start_new_session=True)
         try:
@@ -295,6 +425,9 @@ def _spawn(d: Path, timeout_s: float, memory_mb: int) -> tuple[int, float, str]:
             rc = proc.wait()
     seconds = time.monotonic() - start
     text = _tail(log_path)
+    if bwrap and rc != 0 and not timed_out and not (d / "error.json").exists() and text.startswith("bwrap:"):
+        raise SandboxUnavailable("aligner refused: bubblewrap could not set up the aligner sandbox on this host: "
+                                 + text.strip().splitlines()[0][:500], fix=SANDBOX_FIX)
     if timed_out:
         raise AlignmentError(f"aligner timed out after {timeout_s:g} s (wall clock) and was killed"
                              + _log_hint(text), fix="align must finish quickly: vectorise with numpy, no loops "

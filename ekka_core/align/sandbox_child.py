@@ -114,9 +114,9 @@ def main() -> None:
     global JOB
     with _open("runner.json") as f:
         runner = json.load(f)
-    for p in runner["paths"]:
+    for p in reversed(runner["paths"]):     # first: the parent's numpy, not another one the interpreter sees
         if p not in sys.path:
-            sys.path.append(p)
+            sys.path.insert(0, p)
     jobs = int(runner.get("jobs", 1))
     try:
         import numpy as np

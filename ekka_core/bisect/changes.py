@@ -20,9 +20,9 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ekka_core.capture.interpreter import clean_env
+from ekka_core.contracts.report import BisectChange, TargetLocation
 
 MAX_DEPTH = 3          # calls followed from the class's methods: method → function → function → function
 MAX_SYMBOLS = 60
@@ -289,22 +289,30 @@ def _rel(file: str, paths: list[str]) -> str:
     return mod_path.name
 
 
-def what_changed(suspect: dict[str, Any], good_python: str, bad_python: str) -> dict[str, Any]:
-    """The ``changes`` of a bisection: for the suspect (a report suspect: ``target.class``, ``target.file``), every
+@dataclass
+class WhatChanged:
+    """What differs for one suspect between two releases: the bisection's ``changes``, ``compared``, ``custom_ops``."""
+
+    changes: list[BisectChange] = field(default_factory=list)
+    compared: list[str] = field(default_factory=list)      # every symbol compared, by qualname
+    custom_ops: list[str] = field(default_factory=list)    # compiled ops reached (no Python source)
+    note: str = ""
+
+
+def what_changed(target: TargetLocation, good_python: str, bad_python: str) -> WhatChanged:
+    """The ``changes`` of a bisection: for the suspect (a report suspect's ``target``: its class and file), every
     symbol it reaches in either release whose source differs, with its unified diff; plus what was compared."""
-    return what_changed_in(suspect, search_paths(good_python), search_paths(bad_python))
+    return what_changed_in(target, search_paths(good_python), search_paths(bad_python))
 
 
-def what_changed_in(suspect: dict[str, Any], good_paths: list[str], bad_paths: list[str]) -> dict[str, Any]:
+def what_changed_in(target: TargetLocation, good_paths: list[str], bad_paths: list[str]) -> WhatChanged:
     """:func:`what_changed` with each release given as its import paths (``sys.path``)."""
-    target = suspect.get("target", {})
-    cls, file = target.get("class"), target.get("file")
+    cls, file = target.cls, target.file
     if not cls or not file:
-        return {"changes": [], "compared": [], "custom_ops": [], "note": "the suspect has no class source to diff"}
+        return WhatChanged(note="the suspect has no class source to diff")
     module = module_of(file, bad_paths) or module_of(file, good_paths)      # the report names one release's file
     if module is None:
-        return {"changes": [], "compared": [], "custom_ops": [],
-                "note": f"{file} is not under either release's import paths"}
+        return WhatChanged(note=f"{file} is not under either release's import paths")
     found = {}
     for side, paths in (("bad", bad_paths), ("good", good_paths)):
         path = locate(module, paths)
@@ -319,13 +327,12 @@ def what_changed_in(suspect: dict[str, Any], good_paths: list[str], bad_paths: l
         rel_a = _rel(a.file, good_paths) if a else _rel(b.file, bad_paths)   # type: ignore[union-attr]
         rel_b = _rel(b.file, bad_paths) if b else rel_a
         status = "changed" if a and b else ("added" if b else "removed")
-        changes.append({
-            "symbol": qual, "kind": (b or a).kind, "status": status,            # type: ignore[union-attr]
-            "file_good": a.file if a else None, "line_good": a.first_line if a else None,
-            "file_bad": b.file if b else None, "line_bad": b.first_line if b else None,
-            "calls": (b or a).calls,                                          # type: ignore[union-attr]
-            "unified_diff": _shifted_diff(a, b, rel_a, rel_b),
-        })
+        changes.append(BisectChange(
+            symbol=qual, kind=(b or a).kind, status=status,                    # type: ignore[union-attr]
+            file_good=a.file if a else None, line_good=a.first_line if a else None,
+            file_bad=b.file if b else None, line_bad=b.first_line if b else None,
+            calls=list((b or a).calls),                                       # type: ignore[union-attr]
+            unified_diff=_shifted_diff(a, b, rel_a, rel_b)))
     ops = sorted(set(bad_ops) | set(good_ops))
-    return {"changes": changes, "compared": compared, "custom_ops": ops,
-            "note": "" if changes else "no difference in the suspect's class or the engine functions it calls"}
+    return WhatChanged(changes, compared, ops,
+                       "" if changes else "no difference in the suspect's class or the engine functions it calls")

@@ -13,8 +13,10 @@ from typing import Any
 import torch
 
 from ekka_core.capture.hooks import ModuleTracer, tracer_for
+from ekka_core.capture.scores import scored_request
 from ekka_core.capture.trace import RunInfo, TraceWriter
-from ekka_core.contracts.errors import BadInput
+from ekka_core.contracts.errors import BadInput, InternalFailure
+from ekka_core.contracts.scores import ReferenceScores, ScoredRun
 from ekka_core.contracts.serving import EngineOutputs
 from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec
 
@@ -48,7 +50,7 @@ def own_inputs(model: str, requests: list[RequestSpec]) -> list[list[int]]:
 
 def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str,
           routers: dict[int, list[tuple[torch.Tensor, int]]] | None = None,
-          reroute: dict[int, list[torch.Tensor]] | None = None) -> dict[str, Any]:
+          reroute: dict[int, list[torch.Tensor]] | None = None) -> ScoredRun:
     """Teacher-force HF on what the engine fed and generated, and read its logprobs where the engine sampled, for
     the token ids the engine reported (its top-k) — the symptom check's reference, one forward per request.
     ``routers`` (when given) receives, per request, every MoE router call's (logits, k) in execution order.
@@ -81,17 +83,30 @@ def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str,
             logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
             if routers is not None:
                 routers[r.request] = list(calls)
-            start = len(r.prompt_token_ids) - 1            # the row that sampled generated[0]
-            rows = logits[start:start + len(r.generated)].log_softmax(-1)
-            steps = []
-            for j, top in enumerate(r.logprobs):
-                tokens = sorted(top)
-                steps.append({"tokens": tokens, "logprobs": rows[j, tokens].tolist(),
-                              "argmax": int(rows[j].argmax())})
-            scored.append({"request": r.request, "steps": steps})
+            request = scored_request(r, logits)
+            if request is None:
+                raise InternalFailure(f"engine outputs: request {r.request} reports logprobs for "
+                                      f"{len(r.logprobs)} steps but generated only {len(r.generated)} tokens")
+            scored.append(request)
     for h in handles:
         h.remove()
-    return {"dtype": dtype, "requests": scored}
+    return ScoredRun(dtype=dtype, requests=scored)
+
+
+def reference_scores(spec: DiagnosisSpec, outputs: EngineOutputs) -> ReferenceScores:
+    """The reference's logprobs at every position the engine sampled, in the engine's dtype and in fp32, with the
+    MoE routing ties and (when there are any) the second noise floor; the ids the reference makes of each
+    request."""
+    low_routers: dict[int, list[tuple[torch.Tensor, int]]] = {}
+    fp32_routers: dict[int, list[tuple[torch.Tensor, int]]] = {}
+    low = score(spec, outputs, outputs.dtype, low_routers)
+    high = score(spec, outputs, "float32", fp32_routers)
+    ties = routing_tie_masks(low_routers, fp32_routers)
+    tied = routing_ties(ties)
+    # The second noise floor: the reference with every tied token routed the other way.
+    rerouted = score(spec, outputs, outputs.dtype, reroute=ties) if tied else None
+    return ReferenceScores(low=low, fp32=high, own_prompt_token_ids=own_inputs(spec.model, spec.request_list()),
+                           routing_ties=tied, low_rerouted=rerouted)
 
 
 def _router_outputs(out: Any) -> tuple[int, int] | None:
@@ -144,13 +159,13 @@ def routing_tie_masks(low: dict[int, list[tuple[torch.Tensor, int]]],
             for request, calls in fp32.items()}
 
 
-def routing_ties(masks: dict[int, list[torch.Tensor]]) -> dict[str, list[int]]:
-    """Per request (JSON keys), the token positions tied in some layer (from :func:`routing_tie_masks`)."""
-    out: dict[str, list[int]] = {}
+def routing_ties(masks: dict[int, list[torch.Tensor]]) -> dict[int, list[int]]:
+    """Per request, the token positions tied in some layer (from :func:`routing_tie_masks`)."""
+    out: dict[int, list[int]] = {}
     for request, calls in masks.items():
         tied = sorted({row for m in calls for row in torch.nonzero(m).flatten().tolist()})
         if tied:
-            out[str(request)] = tied
+            out[request] = tied
     return out
 
 

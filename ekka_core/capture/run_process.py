@@ -41,21 +41,9 @@ def main(argv: list[str]) -> int:
             hf_runner.run(spec, ids, lens, dtype, "reference", out)
             hf_runner.run(spec, ids, lens, "float32", "reference-fp32", fp32_out)
         elif role == "score":
-            from ekka_core.capture import SCORES_FILE, SCORES_SCHEMA, hf_runner
+            from ekka_core.capture import hf_runner
             from ekka_core.contracts.serving import EngineOutputs
-            outputs = EngineOutputs.load(out)
-            low_routers: dict = {}
-            fp32_routers: dict = {}
-            scores = {"schema": SCORES_SCHEMA,
-                      "low": hf_runner.score(spec, outputs, outputs.dtype, low_routers),
-                      "fp32": hf_runner.score(spec, outputs, "float32", fp32_routers),
-                      "own_prompt_token_ids": hf_runner.own_inputs(spec.model, spec.request_list())}
-            ties = hf_runner.routing_tie_masks(low_routers, fp32_routers)
-            scores["routing_ties"] = hf_runner.routing_ties(ties)
-            if scores["routing_ties"]:
-                # The second noise floor: the reference with every tied token routed the other way.
-                scores["low_rerouted"] = hf_runner.score(spec, outputs, outputs.dtype, reroute=ties)
-            (out / SCORES_FILE).write_text(json.dumps(scores))
+            hf_runner.reference_scores(spec, EngineOutputs.load(out)).save(out)
         else:
             raise ValueError(f"unknown role {role}")
     except EkkaError as e:

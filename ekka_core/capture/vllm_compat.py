@@ -216,6 +216,11 @@ def custom_ops_module() -> Any:
     return resolve("vllm._custom_ops")
 
 
+def envs_module() -> Any:
+    """``vllm.envs``: vLLM's environment settings, each read when accessed (``VLLM_CPU_ATTN_SPLIT_KV`` …)."""
+    return resolve("vllm.envs")
+
+
 def logits_processor_module() -> Any:
     mod = resolve("vllm.model_executor.layers.logits_processor")
     require_attr(mod, "LogitsProcessor", "vllm.model_executor.layers.logits_processor.LogitsProcessor")

@@ -9,15 +9,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ekka_core.contracts.report import Unchecked
+
+ALIGNMENT_FAILED = "alignment failed"     # how an unchecked entry's reason starts when alignment failed
+
 
 @dataclass(frozen=True)
 class AlignmentFailure:
     component: str          # the target module path of the pair (ComponentPair.component)
     reason: str             # why it could not be aligned (the AlignmentError's message)
 
-    def unchecked(self) -> dict[str, str]:
+    def unchecked(self) -> Unchecked:
         """The pair as a ``report.json`` ``unchecked[]`` entry."""
-        return {"module": self.component, "reason": f"alignment failed: {self.reason}"}
+        return Unchecked(self.component, f"{ALIGNMENT_FAILED}: {self.reason}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 PREFIX = "EKKA_"
+# Re-injects a named benchmark bug into the engine (Ekka's vLLM plugin, in every engine process): a diagnosis run
+# with it says so first in its report (RunMeta.injected_bug).
+INJECT_BUG = "EKKA_INJECT_BUG"
 
 
 def check_ekka_env(env: Any) -> str | None:

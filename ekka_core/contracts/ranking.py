@@ -5,8 +5,10 @@ Torch-free, so that shells and light processes read a ranking without the analys
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+
+from ekka_core.contracts.jsonable import to_json
+from ekka_core.contracts.report import InputsDiffer, RowFinding, SuspectKind, Unchecked, Verdict
 
 # A non-finite output (NaN/inf, e.g. fp16 overflow) is the strongest divergence there is; it is reported as this
 # ratio so that it ranks above everything and stays valid JSON.
@@ -62,16 +64,20 @@ class Suspect:
     # "module": the module's own computation introduces the error; "glue": the code of `module`'s forward that runs
     # between two of its children (`between`, at `lines` of forward_file) does; "convention": the module departs
     # from the reference's own low-precision rounding (closer to fp32 than the reference).
-    kind: str = "module"
+    # "non-finite": the first module whose output holds NaN/Inf where the reference's is finite; "rows": a module
+    # wrong on a few rows its pooled ratio averages away (see contracts.report.SuspectKind).
+    kind: SuspectKind = "module"
     between: list[str] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)      # [first, last] line of forward_file
     same_dtype: float | None = None
     noise: float | None = None      # convention: the largest distance correct engines show there (noise model)
+    rows: list[RowFinding] = field(default_factory=list)     # rows / non-finite: the rows named
+    non_finite: int = 0             # non-finite: how many output values are NaN/Inf
 
 
 @dataclass
 class Ranking:
-    verdict: str                               # "divergent" | "consistent" | "inputs-differ"
+    verdict: Verdict
     threshold: float
     dtype: str
     pairs: list[PairResult] = field(default_factory=list)
@@ -80,10 +86,10 @@ class Ranking:
     # Departures from the reference's low-precision convention (suspects of kind "convention"), ranked after the
     # ratio-level suspects; they decide the verdict only where nothing else explains an output-level difference.
     conventions: list[Suspect] = field(default_factory=list)
-    unchecked: list[dict[str, str]] = field(default_factory=list)
+    unchecked: list[Unchecked] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    inputs_differ: list[dict[str, Any]] = field(default_factory=list)
+    inputs_differ: list[InputsDiffer] = field(default_factory=list)
     prompt_lens: list[int] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> dict:
+        return to_json(self)

@@ -129,8 +129,12 @@ class SymptomCheck:
     note: str = ""
     # MoE: how many tied tokens the second noise floor (the reference routed the other way there) rerouted; 0: none.
     rerouted_tokens: int = 0
+    non_finite: int = 0              # sampled positions whose logprobs are NaN/Inf where the reference's are finite
 
     def words(self) -> str:
+        if self.non_finite:
+            return (f"{self.label}: diverges from the reference at the logits level — NaN/Inf logprobs at "
+                    f"{self.non_finite} sampled position(s)")
         state = "diverges from" if self.diverges else "matches"
         where = (f"; first at request {self.first.request}, token {self.first.position}" if self.first else "")
         return f"{self.label}: {state} the reference at the logits level (ratio {self.ratio:.2f}){where}"
@@ -147,11 +151,19 @@ class Trial:
 
 
 @dataclass
+class FactorDifference:
+    """One served feature's value in the served run and in the traced baseline, as each engine resolved it."""
+
+    served: Any
+    baseline: Any
+
+
+@dataclass
 class Triage:
     served: SymptomCheck
     baseline: SymptomCheck
-    # factor → {"baseline": value, "served": value} for the factors that differ (and were not ruled out)
-    differing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the factors that differ (and were not ruled out)
+    differing: dict[str, FactorDifference] = field(default_factory=dict)
     ruled_out: dict[str, str] = field(default_factory=dict)     # factor → why it cannot matter here
     trials: list[Trial] = field(default_factory=list)
     culprit: list[str] = field(default_factory=list)            # minimal set of factors (delta debugging)
@@ -159,3 +171,4 @@ class Triage:
     words: str = ""
     traced_under: list[str] = field(default_factory=list)       # factors the final trace ran with
     untraceable: list[str] = field(default_factory=list)        # culprit factors hooks cannot see into
+    exhausted: bool = False      # the trial budget ran out before the culprit was narrowed to a minimal set

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -52,6 +53,12 @@ def parse_positions(text: str) -> PositionRanges:
 
 def in_positions(ranges: PositionRanges, pos: int) -> bool:
     return any(a <= pos and (b is None or pos <= b) for a, b in ranges)
+
+
+# Engine arguments the spec owns: the checkpoint the engine *and* the reference load.
+ENGINE_ARGS_OWNED = ("model",)
+# A threshold above this would let any divergence through (a 1000× ratio is already a broken computation).
+MAX_THRESHOLD = 1000.0
 
 
 @dataclass
@@ -315,8 +322,10 @@ class DiagnosisSpec:
             raise bad("requests", "a list of [[requests]] tables")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
             raise bad("max_new_tokens", "an integer")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or self.threshold <= 1:
-            raise bad("threshold", "a number above 1 (the error ratio of a correct component is ≈ 1)")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \
+                or not math.isfinite(self.threshold) or not 1 < self.threshold <= MAX_THRESHOLD:
+            raise bad("threshold", f"a finite number above 1 and at most {MAX_THRESHOLD:g} (the error ratio of a "
+                                   "correct component is ≈ 1; the paper's stable range is 1.5–2.5)")
         if self.trace_store_dtype and self.trace_store_dtype not in DTYPES:
             raise BadInput(f"trace_store_dtype {self.trace_store_dtype!r} is not a dtype",
                            fix=f"use one of {', '.join(DTYPES)} or leave it empty")
@@ -334,6 +343,14 @@ class DiagnosisSpec:
         if bad_keys:
             raise BadInput(f"engine_args has keys that are not argument names: {bad_keys}",
                            fix="write engine arguments by their Python name, e.g. max_num_batched_tokens = 64")
+        # The checkpoint is the spec's `model`: an engine argument naming another one would serve a model the
+        # reference never sees, and the comparison would be between two different models.
+        replaced = [k for k in ENGINE_ARGS_OWNED if k in self.engine_args]
+        if replaced:
+            raise BadInput(f"engine_args sets {', '.join(replaced)}, which the spec itself decides (the checkpoint "
+                           "both the engine and the reference load)",
+                           fix="give the checkpoint with --model (or the spec's `model`), and drop "
+                               + ", ".join(f"{k}=" for k in replaced) + " from the engine arguments")
 
     # -- serialisation --------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ except ImportError as e:  # pragma: no cover - the [remote] extra is missing
     raise ImportError("remote execution needs asyncssh: pip install 'ekka[remote]'") from e
 
 from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
+from ekka_core.contracts.report import Report
 from ekka_core.remote import HostURL, RemoteCancelled, RemoteDiagnosis, RemoteRun
 from ekka_core.remote.host import PROTOCOL, RESULT_FILES
 from ekka_core.remote.bundle import Bundle, build_bundle
@@ -291,17 +292,17 @@ async def _run(conn: Any, client: _Client, state: _State, spec: Any, *, remote_p
     if client.lost:
         raise _lost(state)
     paths, summary = _unpack(data, out_dir_local)
+    report = Report.load(paths["json"])
     run = RemoteRun(host=str(url), out_dir=done.get("out_dir", state.remote_out), python=probe["python"],
                     python_version=".".join(map(str, probe["version"])),
                     ekka_file=(state.hello or {}).get("ekka_file", ""),
                     plugin_from=(state.hello or {}).get("plugin_from"), bundle_sha256=bundle.sha256,
                     bundle_uploaded=uploaded, trace_bytes=int(done.get("trace_bytes", 0)),
                     bytes_transferred=_wire_bytes(conn), payload_bytes=state.payload,
-                    reused_traces=bool(done.get("reused_traces")), seconds=round(time.perf_counter() - t0, 2),
+                    reused_traces=report.meta.reused_traces, seconds=round(time.perf_counter() - t0, 2),
                     summary=summary)
-    report = json.loads(paths["json"].read_text())
-    report.setdefault("meta", {})["remote"] = run.to_json()
-    paths["json"].write_text(json.dumps(report, indent=1))
+    report.meta.remote = run.to_json()
+    report.save(paths["json"])
     paths["remote"] = out_dir_local / "remote.json"
     paths["remote"].write_text(json.dumps(run.to_json(), indent=1))
     return RemoteDiagnosis(report, paths, run)

@@ -153,8 +153,8 @@ def run(job: dict[str, Any], events: _Events) -> int:
         "traces_dir": str(traces),
         "trace_bytes": trace_bytes,
         "trace_bytes_total": sum(trace_bytes.values()),
-        "reused_traces": bool(report.get("meta", {}).get("reused_traces")),
-        "verdict": report.get("verdict"),
+        "reused_traces": report.meta.reused_traces,
+        "verdict": report.verdict,
         "seconds": round(time.time() - t0, 2),
         "stage_seconds": seconds,
         "logs": {p.name: _tail(p) for p in sorted(traces.glob("*.log"))},
@@ -167,8 +167,8 @@ def run(job: dict[str, Any], events: _Events) -> int:
                 zf.write(out_dir / name, name)
         zf.writestr("summary.json", json.dumps(summary, indent=1))
     os.replace(tmp, bundle)
-    events.emit("done", results=str(bundle), results_bytes=bundle.stat().st_size, verdict=report.get("verdict"),
-                trace_bytes=summary["trace_bytes_total"], reused_traces=summary["reused_traces"],
+    events.emit("done", results=str(bundle), results_bytes=bundle.stat().st_size, verdict=report.verdict,
+                trace_bytes=summary["trace_bytes_total"], reused_traces=report.meta.reused_traces,
                 out_dir=str(out_dir), detached=events.detached)
     lock.close()
     return 0

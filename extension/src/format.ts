@@ -21,13 +21,13 @@ export function formatRatio(ratio: number | null | undefined): string {
 }
 
 type SuspectLike = Pick<Suspect, "rank" | "error_ratio"> & {
-  target: { module: string; class: string };
+  target: { module: string; class?: string };
   onset_token?: number | null;
 };
 
 /** A suspect's name: its class, or its module path when no class was recorded (e.g. a functional op). */
-export function suspectName(s: { target: { module: string; class: string } }): string {
-  return s.target.class !== "" ? s.target.class : s.target.module;
+export function suspectName(s: { target: { module: string; class?: string } }): string {
+  return s.target.class ? s.target.class : s.target.module;
 }
 
 /** "37.2× · from token 17": the ratio and, when there is one, the onset token. */
@@ -65,20 +65,21 @@ export function formatLocation(file: string, line: number | null | undefined, fu
   return line !== null && line !== undefined ? `${shown}:${line}` : shown;
 }
 
-/** One line for the status bar: the verdict, and for a divergent run its top-ranked suspect. */
-export function summarizeReport(report: Pick<Report, "verdict" | "suspects">): string {
-  switch (report.verdict) {
-    case "consistent":
-      return "consistent";
-    case "inputs-differ":
-      return "inputs differ";
-    case "divergent": {
-      const top = [...report.suspects].sort((a, b) => a.rank - b.rank)[0];
-      return top === undefined ? "divergent" : formatSuspectLabel(top);
-    }
-    default:
-      return String(report.verdict);
+/** The verdict's words when the server sent none (a server from before `headline`). */
+const VERDICT_WORDS: Record<string, string> = { "inputs-differ": "inputs differ" };
+
+/** One line for the status bar: for a divergent run its top-ranked suspect (class, ratio, onset), else the server's
+ * headline as it came (ekka_core/contracts/report.py `short_headline`: "inconclusive: could not observe modules"),
+ * or the bare verdict from an older server. */
+export function summarizeReport(
+  update: { report: Pick<Report, "verdict" | "suspects">; headline?: string },
+): string {
+  const { report, headline } = update;
+  if (report.verdict === "divergent") {
+    const top = [...(report.suspects ?? [])].sort((a, b) => a.rank - b.rank)[0];
+    if (top !== undefined) return formatSuspectLabel(top);
   }
+  return headline ?? VERDICT_WORDS[report.verdict] ?? String(report.verdict);
 }
 
 /**
@@ -94,4 +95,9 @@ export function isDiagnosableFile(filePath: string): boolean {
   }
   // ".py" alone has no stem; a trailing separator (a directory) leaves an empty base name.
   return lower.endsWith(".py") && lower.length > ".py".length;
+}
+
+/** The message of a thrown value, for the output channel and notifications. */
+export function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
 }

@@ -3,7 +3,8 @@
 import * as vscode from "vscode";
 import { type JobState, isFinal } from "./protocol";
 
-/** Status bar text and tooltip for the latest job (undefined: no job yet). Pure. */
+/** Status bar text and tooltip for the latest job (undefined: no job yet); a done job shows `summary` (its report's,
+ * format.ts summarizeReport), else the server's message for it (the report's headline). Pure. */
 export function statusFor(job: JobState | undefined, summary?: string): { text: string; tooltip: string } {
   if (job === undefined) {
     return { text: "$(beaker) Ekka", tooltip: "Ekka: ready. Click to diagnose the current file." };
@@ -21,7 +22,7 @@ export function statusFor(job: JobState | undefined, summary?: string): { text: 
     }
     case "done":
       return {
-        text: `${job.verdict === "consistent" ? "$(check)" : "$(bug)"} Ekka: ${summary ?? job.verdict ?? "done"}`,
+        text: `${job.verdict === "consistent" ? "$(check)" : "$(bug)"} Ekka: ${summary ?? job.message ?? job.verdict ?? "done"}`,
         tooltip: `Ekka: job ${job.jobId} finished${job.message ? ` — ${job.message}` : ""}. Click to see the suspects.`,
       };
     case "failed":

@@ -84,7 +84,7 @@ export function seriesSvg(plots: Plots, highlight?: string, box: Box = SERIES_BO
   const yBottom = height - bottom;
   const series = plots.series ?? [];
   const n = series.length;
-  const scale = logScale(series.map((p) => p.error_ratio), plots.threshold, top, yBottom);
+  const scale = logScale(series.map((p) => p.error_ratio ?? null), plots.threshold, top, yBottom);
   const parts: string[] = [];
   parts.push(
     `<svg xmlns="http://www.w3.org/2000/svg" class="plot series" id="series-plot" data-width="${width}" ` +
@@ -190,10 +190,10 @@ export interface HeatLayout {
 export function heatLayout(h: HeatMap, maxWidth = SERIES_BOX.width): HeatLayout {
   const left = 72;
   const top = 8;
-  const cols = Math.max(1, h.positions.length);
+  const cols = Math.max(1, (h.positions ?? []).length);
   const cw = Math.max(3, Math.min(22, Math.floor((maxWidth - left - 12) / cols)));
   const ch = Math.max(14, Math.min(22, cw));
-  return { left, top, cw, ch, width: left + cols * cw + 12, height: top + h.layers.length * ch + 40 };
+  return { left, top, cw, ch, width: left + cols * cw + 12, height: top + (h.layers ?? []).length * ch + 40 };
 }
 
 function shortLayer(name: string): string {
@@ -204,18 +204,19 @@ function shortLayer(name: string): string {
 /** Decoder layer × token position, the residual stream's error ratio per cell (max over sequences). */
 export function heatmapSvg(h: HeatMap, threshold: number): string {
   const L = heatLayout(h);
-  const vals = h.ratios.flat().filter(usable);
+  const { layers = [], positions = [], ratios = [] } = h;
+  const vals = ratios.flat().filter(usable);
   const max = vals.length ? Math.max(...vals) : threshold;
   const parts: string[] = [];
   parts.push(
     `<svg xmlns="http://www.w3.org/2000/svg" class="plot heatmap" id="heatmap-plot" data-width="${L.width}" ` +
       `viewBox="0 0 ${L.width} ${L.height}" role="img" aria-label="Error ratio per decoder layer and token position">`,
   );
-  h.layers.forEach((layer, row) => {
+  layers.forEach((layer, row) => {
     const y = L.top + row * L.ch;
     parts.push(`<text class="tick" x="${L.left - 6}" y="${num(y + L.ch / 2 + 4)}" text-anchor="end">${escapeXml(shortLayer(layer))}</text>`);
-    h.positions.forEach((pos, col) => {
-      const r = h.ratios[row]?.[col];
+    positions.forEach((pos, col) => {
+      const r = ratios[row]?.[col];
       if (!usable(r)) return;
       const x = L.left + col * L.cw;
       parts.push(
@@ -227,13 +228,13 @@ export function heatmapSvg(h: HeatMap, threshold: number): string {
     });
   });
   const step = Math.max(1, Math.ceil(24 / L.cw));
-  const yLabels = L.top + h.layers.length * L.ch + 14;
-  h.positions.forEach((pos, col) => {
+  const yLabels = L.top + layers.length * L.ch + 14;
+  positions.forEach((pos, col) => {
     if (col % step !== 0) return;
     parts.push(`<text class="tick" x="${num(L.left + col * L.cw + L.cw / 2)}" y="${yLabels}" text-anchor="middle">${pos}</text>`);
   });
   parts.push(
-    `<text class="axis-label" x="${num(L.left + (h.positions.length * L.cw) / 2)}" y="${yLabels + 18}" ` +
+    `<text class="axis-label" x="${num(L.left + (positions.length * L.cw) / 2)}" y="${yLabels + 18}" ` +
       `text-anchor="middle">token position</text>`,
   );
   parts.push("</svg>");
@@ -260,6 +261,9 @@ export interface PageOptions {
   highlight?: string;
   /** What was diagnosed (spec or script path), for the heading. */
   subject?: string;
+  /** The verdict in a few words as the server sent it (`ReportUpdated.headline`): the heading of a report that is
+   * neither divergent nor consistent ("inconclusive: could not observe modules"). */
+  headline?: string;
 }
 
 export function contentSecurityPolicy(cspSource: string, nonce: string): string {
@@ -300,26 +304,27 @@ code { font-family: var(--vscode-editor-font-family); }
 export function divergenceHtml(report: Report, o: PageOptions): string {
   const plots = report.plots;
   const threshold = plots?.threshold ?? report.threshold ?? 2;
-  const top = [...report.suspects].sort((a, b) => a.rank - b.rank);
+  const verdict = report.verdict ?? "inconclusive";
+  const top = [...(report.suspects ?? [])].sort((a, b) => a.rank - b.rank);
   const current = o.highlight !== undefined ? top.find((s) => s.target.module === o.highlight) : undefined;
   const heading =
-    report.verdict === "divergent" && top.length
+    verdict === "divergent" && top.length
       ? `Divergent — #1 ${escapeXml(suspectName(top[0]))} (<code>${escapeXml(top[0].target.module)}</code>), error ratio ${formatRatio(top[0].error_ratio)}×`
-      : escapeXml(report.verdict === "consistent" ? "Consistent with the reference" : report.verdict);
+      : escapeXml(verdict === "consistent" ? "Consistent with the reference" : o.headline ?? verdict);
   const body: string[] = [];
-  body.push(`<h1 class="verdict-${escapeXml(report.verdict)}" id="verdict">${heading}</h1>`);
+  body.push(`<h1 class="verdict-${escapeXml(verdict)}" id="verdict">${heading}</h1>`);
   const sub = [o.subject ? escapeXml(o.subject) : "", `job ${escapeXml(o.jobId)}`, report.dtype ? escapeXml(report.dtype) : "", `threshold ${threshold}`]
     .filter(Boolean)
     .join(" · ");
   body.push(`<div class="sub">${sub}${current ? ` · showing <code>${escapeXml(current.target.module)}</code>` : ""}</div>`);
-  if (plots && plots.series.length) {
+  if (plots?.series?.length) {
     body.push(`<h2>Error ratio along the execution order</h2>`);
     body.push(seriesSvg(plots, o.highlight));
   } else {
     body.push(`<p id="no-plot">This report has no comparison to plot.</p>`);
   }
-  if (plots && plots.heatmap && plots.heatmap.layers.length && plots.heatmap.positions.length) {
-    const vals = plots.heatmap.ratios.flat().filter(usable);
+  if (plots?.heatmap?.layers?.length && plots.heatmap.positions?.length) {
+    const vals = (plots.heatmap.ratios ?? []).flat().filter(usable);
     body.push(`<h2>Decoder layer × token position</h2>`);
     body.push(heatmapSvg(plots.heatmap, threshold));
     body.push(`<div>${legend(threshold, vals.length ? Math.max(...vals) : threshold)}</div>`);
@@ -331,7 +336,7 @@ export function divergenceHtml(report: Report, o: PageOptions): string {
       const cls = `suspect${current === s ? " current" : ""}`;
       body.push(
         `<tr class="${cls}" data-rank="${s.rank}" title="${escapeXml(s.evidence ?? "")}"><td>${s.rank}</td><td><code>${escapeXml(s.target.module)}</code></td>` +
-          `<td>${escapeXml(s.target.class)}</td><td>${escapeXml(src)}</td><td>${formatRatio(s.error_ratio)}×</td>` +
+          `<td>${escapeXml(s.target.class ?? "")}</td><td>${escapeXml(src)}</td><td>${formatRatio(s.error_ratio)}×</td>` +
           `<td>${s.onset_token ?? "—"}</td></tr>`,
       );
     }

@@ -1,7 +1,8 @@
 // The "Silent errors" tree as plain data: what each row shows and where clicking it goes. Pure: no 'vscode'
 // import (src/tree.ts turns these nodes into TreeItems), so the unit tests check it directly.
-import { baseName, formatLocation, formatRatio, formatSuspectDetail, formatSuspectLabel, suspectName } from "./format";
-import type { Report, ReportUpdated, Serving, Suspect, SymptomCheck, Trial } from "./protocol";
+import { COVERAGE_NOT_SENT, COVERAGE_NOT_SENT_WHY, type CoverageKey, type ShownSection, coverage, coverageLine } from "./coverage";
+import { baseName, formatLocation, formatRatio, formatSuspectDetail, suspectName } from "./format";
+import type { CheckRecord, Report, ReportUpdated, Serving, Suspect, SymptomCheck, Trial } from "./protocol";
 
 /** A source location; `line` is 1-based as in report.json (the editor's line is `line - 1`). */
 export interface SourceLocation {
@@ -23,7 +24,11 @@ export type NodeKind =
   | "servingTrials"
   | "servingTrial"
   | "servingChanges"
-  | "servingChange";
+  | "servingChange"
+  | "verdict"
+  | "row"
+  | "coverage"
+  | "coverageItem";
 
 export interface SuspectNode {
   kind: NodeKind;
@@ -36,6 +41,8 @@ export interface SuspectNode {
   location?: SourceLocation;
   /** ThemeIcon id. */
   icon: string;
+  /** ThemeColor id of the icon (default: "error" and "warning" icons in the list's error/warning colour). */
+  iconColor?: string;
   /** Screen-reader label (also what the e2e test reads). */
   ariaLabel: string;
   jobId: string;
@@ -109,6 +116,28 @@ function suspectChildren(jobId: string, s: Suspect): SuspectNode[] {
   return kids;
 }
 
+/** The finding in one line as the report words it (`summary`, ekka_core/report/findings.py), after the kind when
+ * it is not a plain module; a report from before `summary` gets its ratio and onset token. */
+export function suspectDescription(s: Suspect): string {
+  if (!s.summary) return formatSuspectDetail(s);
+  const kind = s.kind ?? "module";
+  return kind === "module" ? s.summary : `${kind}: ${s.summary}`;
+}
+
+/** The rows (request, token position) a "rows" or "non-finite" finding names, one child each. */
+function rowNodes(jobId: string, s: Suspect): SuspectNode[] {
+  if (s.kind !== "rows" && s.kind !== "non-finite") return [];
+  return (s.rows ?? []).map((r, i): SuspectNode => {
+    const label = `request ${r.request}, token ${r.position}`;
+    const description = s.kind === "non-finite" ? "NaN/Inf where the reference is finite" : `ratio ${formatRatio(r.ratio)}×`;
+    return {
+      kind: "row", id: `${jobId}/${s.rank}/rows/${i}`, label, description, tooltip: `${s.target.module}: ${label} — ${description}`,
+      icon: s.kind === "non-finite" ? "warning" : "debug-stackframe-dot", ariaLabel: `${label}: ${description}`, jobId,
+      suspect: s, children: [],
+    };
+  });
+}
+
 /** One node per suspect, best rank first; none for a consistent run. */
 export function suspectNodes(update: Pick<ReportUpdated, "jobId" | "report">): SuspectNode[] {
   const { jobId, report } = update;
@@ -116,19 +145,22 @@ export function suspectNodes(update: Pick<ReportUpdated, "jobId" | "report">): S
   return suspects.map((s) => {
     const cls = classLocation(s);
     const where = cls !== undefined ? formatLocation(cls.file, cls.line, true) : "source unknown";
+    const finding = s.summary ? `\n\n${s.kind ?? "module"}: ${s.summary}` : "";
     const evidence = s.evidence ? `\n\n${s.evidence}` : "";
+    const label = `#${s.rank} ${suspectName(s)}`;
+    const description = suspectDescription(s);
     return {
       kind: "suspect",
       id: `${jobId}/${s.rank}`,
-      label: `#${s.rank} ${suspectName(s)}`,
-      description: formatSuspectDetail(s),
-      tooltip: `${s.target.module} (${s.target.class}) — ${where}${evidence}`,
+      label,
+      description,
+      tooltip: `${s.target.module} (${s.target.class}) — ${where}${finding}${evidence}`,
       location: cls,
       icon: s.rank === 1 ? "error" : s.rank === 2 ? "warning" : "info",
-      ariaLabel: formatSuspectLabel(s),
+      ariaLabel: `${label} · ${description}`,
       jobId,
       suspect: s,
-      children: suspectChildren(jobId, s),
+      children: [...suspectChildren(jobId, s), ...rowNodes(jobId, s)],
     };
   });
 }
@@ -295,9 +327,112 @@ export function servingNodes(update: Pick<ReportUpdated, "jobId" | "report">): S
   }];
 }
 
-/** The whole tree's roots: the served configuration (when the report has one), then the suspects. */
-export function treeNodes(update: Pick<ReportUpdated, "jobId" | "report">): SuspectNode[] {
-  return [...servingNodes(update), ...suspectNodes(update)];
+/** The verdict's words, icon and colour: inconclusive is a warning (it has not looked), not an error. */
+const VERDICTS: Record<Report["verdict"], { label: string; icon: string; color: string }> = {
+  divergent: { label: "Divergent", icon: "bug", color: "list.errorForeground" },
+  "inputs-differ": { label: "Inputs differ", icon: "error", color: "list.errorForeground" },
+  inconclusive: { label: "Inconclusive", icon: "warning", color: "list.warningForeground" },
+  consistent: { label: "Consistent", icon: "pass", color: "testing.iconPassed" },
+};
+
+/** The first row: the verdict and how much was compared (the server's `coverageLine`, coverage.py `coverage_line`). */
+export function verdictNode(update: Pick<ReportUpdated, "jobId" | "report" | "headline" | "coverageLine">): SuspectNode {
+  const { jobId, report } = update;
+  const v = VERDICTS[report.verdict] ?? { label: String(report.verdict), icon: "question", color: "list.warningForeground" };
+  const label = `Verdict: ${v.label.toLowerCase()}`;
+  const description = coverageLine(update);
+  const why = report.verdict === "inconclusive"
+    ? ["The diagnosis could not observe what a verdict needs:", ...(report.missing ?? []).map((m) => `• ${m}`)]
+    : [];
+  const head = update.headline ?? v.label;
+  return {
+    kind: "verdict", id: `${jobId}/verdict`, label, description,
+    tooltip: [description === undefined ? head : `${head} — ${description}`, ...why].join("\n"), icon: v.icon,
+    iconColor: v.color, ariaLabel: description === undefined ? label : `${label}: ${description}`, jobId, children: [],
+  };
+}
+
+const SECTION_ICONS: Record<CoverageKey, { icon: string; color?: string }> = {
+  missing: { icon: "warning", color: "list.warningForeground" },
+  checks: { icon: "checklist" },
+  conventions: { icon: "symbol-numeric" },
+  unchecked: { icon: "circle-slash" },
+  notes: { icon: "note" },
+};
+
+const CHECK_ICONS: Record<CheckRecord["status"], { icon: string; color?: string }> = {
+  agrees: { icon: "pass", color: "testing.iconPassed" },
+  diverges: { icon: "error", color: "list.errorForeground" },
+  inconclusive: { icon: "question", color: "list.warningForeground" },
+  skipped: { icon: "dash" },
+};
+
+function coverageItem(jobId: string, section: ShownSection, i: number): SuspectNode {
+  const { label, text } = section.items[i];
+  const id = `${jobId}/coverage/${section.key}/${i}`;
+  const line = label ? `${label}: ${text}` : text;
+  const node: SuspectNode = {
+    kind: "coverageItem", id, label: label || text, description: label ? text : undefined, tooltip: line,
+    icon: section.key === "missing" ? "eye-closed" : section.key === "unchecked" ? "circle-outline" : "info",
+    ariaLabel: line, jobId, children: [],
+  };
+  const check = section.checks?.[i];
+  if (check !== undefined) {
+    const { icon, color } = CHECK_ICONS[check.status] ?? { icon: "info" };
+    node.icon = icon;
+    node.iconColor = color;
+    if (check.missing?.length) node.tooltip = [line, ...check.missing.map((m) => `• ${m}`)].join("\n");
+  }
+  const departure = section.conventions?.[i];
+  if (departure !== undefined) {
+    node.icon = "symbol-numeric";
+    node.suspect = departure;
+    node.location = classLocation(departure);
+    node.tooltip = `${departure.target.module} (${departure.target.class}) — ${text}` +
+      (departure.evidence ? `\n\n${departure.evidence}` : "");
+  }
+  return node;
+}
+
+/** One node per coverage section the server sent (coverage.ts: its titles and texts as they came), its items as
+ * children: "Not observed", "Checks", "Departures from the reference's rounding", "Not checked (N)", "Notes". An
+ * older server sends none: one "Coverage not sent by this server" node (key "notes") says so. */
+export function coverageNodes(update: Pick<ReportUpdated, "jobId" | "report" | "coverage">): Map<CoverageKey, SuspectNode> {
+  const { jobId, report } = update;
+  const out = new Map<CoverageKey, SuspectNode>();
+  const sections = coverage(update);
+  if (sections === undefined) {
+    out.set("notes", {
+      kind: "coverage", id: `${jobId}/coverage/not-sent`, label: COVERAGE_NOT_SENT, tooltip: COVERAGE_NOT_SENT_WHY,
+      icon: "info", ariaLabel: COVERAGE_NOT_SENT, jobId, children: [],
+    });
+    return out;
+  }
+  for (const section of sections) {
+    const n = section.items.length;
+    const { icon, color } = SECTION_ICONS[section.key] ?? { icon: "info" };
+    const description = section.key === "unchecked" ? undefined : `${n}`;
+    out.set(section.key, {
+      kind: "coverage", id: `${jobId}/coverage/${section.key}`, label: section.title, description,
+      tooltip: section.items.map(({ label, text }) => (label ? `${label}: ${text}` : text)).join("\n"),
+      icon, iconColor: color, ariaLabel: description ? `${section.title}: ${description}` : section.title, jobId,
+      children: section.items.map((_, i) => coverageItem(jobId, section, i)),
+      // what was not observed never folds; the checks unfold when one of them could not look
+      expanded: section.key === "missing" || (section.key === "checks" && report.verdict === "inconclusive"),
+    });
+  }
+  return out;
+}
+
+/** The whole tree's roots: the verdict, what was not observed, the served configuration (when the report has one),
+ * the suspects, then the rest of the coverage (checks, departures from the rounding, not checked, notes). */
+export function treeNodes(
+  update: Pick<ReportUpdated, "jobId" | "report" | "headline" | "coverage" | "coverageLine">,
+): SuspectNode[] {
+  const sections = coverageNodes(update);
+  const pick = (...keys: CoverageKey[]) => keys.flatMap((k) => sections.get(k) ?? []);
+  return [verdictNode(update), ...pick("missing"), ...servingNodes(update), ...suspectNodes(update),
+    ...pick("checks", "conventions", "unchecked", "notes")];
 }
 
 /** The line above the tree (TreeView.message): the verdict and what was diagnosed. */
@@ -309,13 +444,15 @@ export function treeMessage(update: Pick<ReportUpdated, "report" | "uri"> | unde
   const what = update.uri ? ` · ${baseName(decodeURIComponent(update.uri))}` : "";
   switch (r.verdict) {
     case "divergent": {
-      const n = r.suspects.length;
+      const n = (r.suspects ?? []).length;
       return `Divergent: ${n} suspect${n === 1 ? "" : "s"}, most likely root cause first${what}`;
     }
     case "consistent":
       return `Consistent: no component departs from the reference beyond the threshold (${r.threshold ?? "?"})${what}`;
     case "inputs-differ":
       return `Inputs differ: the token ids differ before the model runs (BOS, chat template?)${what}`;
+    case "inconclusive":
+      return `Inconclusive: the diagnosis could not observe what a verdict needs (see Not observed)${what}`;
     default:
       return `${String(r.verdict)}${what}`;
   }
@@ -323,7 +460,7 @@ export function treeMessage(update: Pick<ReportUpdated, "report" | "uri"> | unde
 
 /** Finds the suspect a `{jobId, module}` (code lens) or `{rank}` argument names in a report. */
 export function findSuspect(report: Report, module?: string, rank?: number): Suspect | undefined {
-  return report.suspects.find(
+  return (report.suspects ?? []).find(
     (s) => (module !== undefined && s.target.module === module) || (rank !== undefined && s.rank === rank),
   );
 }

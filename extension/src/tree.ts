@@ -1,8 +1,11 @@
-// The "Silent errors" view: the served configuration and the ranked suspects of the latest report (nodes built by
-// suspects.ts).
+// The "Silent errors" view: the verdict, the served configuration, the ranked suspects and what was and was not
+// observed (checks, not checked, notes) of the latest report (nodes built by suspects.ts).
 import * as vscode from "vscode";
 import type { ReportUpdated } from "./protocol";
 import { type SourceLocation, type SuspectNode, treeMessage, treeNodes } from "./suspects";
+
+/** The "Silent errors" view's id (package.json contributes.views). */
+export const SUSPECTS_VIEW = "ekka.suspects";
 
 /** Command (registered by the extension, hidden from the palette) that opens a source location. */
 export const OPEN_LOCATION_COMMAND = "ekka.openLocation";
@@ -22,12 +25,10 @@ export function toTreeItem(node: SuspectNode): vscode.TreeItem {
   item.tooltip = node.tooltip;
   item.contextValue = node.kind === "suspect" ? (node.suspect?.target.call_file ? "suspect.withCallSite" : "suspect") : node.kind;
   item.accessibilityInformation = { label: node.ariaLabel };
-  item.iconPath =
-    node.icon === "error"
-      ? new vscode.ThemeIcon("error", new vscode.ThemeColor("list.errorForeground"))
-      : node.icon === "warning"
-        ? new vscode.ThemeIcon("warning", new vscode.ThemeColor("list.warningForeground"))
-        : new vscode.ThemeIcon(node.icon);
+  const color =
+    node.iconColor ??
+    (node.icon === "error" ? "list.errorForeground" : node.icon === "warning" ? "list.warningForeground" : undefined);
+  item.iconPath = color ? new vscode.ThemeIcon(node.icon, new vscode.ThemeColor(color)) : new vscode.ThemeIcon(node.icon);
   if (node.location !== undefined) {
     item.resourceUri = vscode.Uri.file(node.location.file);
     item.command = { command: OPEN_LOCATION_COMMAND, title: "Open source", arguments: [node.location] };

@@ -103,6 +103,7 @@ export class DivergencePanel extends ReportPanel<{ update: ReportUpdated; highli
       jobId: update.jobId,
       highlight,
       subject,
+      headline: update.headline,
     });
   }
 }

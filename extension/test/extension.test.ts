@@ -11,6 +11,7 @@ import {
   MockSecretStorage,
   Uri,
   changeSettings,
+  grantWorkspaceTrust,
   mock,
   resetVscodeMock,
   vscodeModule,
@@ -240,6 +241,37 @@ describe("activate", () => {
     assert.equal(await activate().serverReady, false);
     assert.equal(lc.LanguageClient.instances.length, 0);
     assert.match(outputText(), /no workspace folder is open/);
+  });
+
+  test("an untrusted workspace starts no server (not even on restart or a setting change) until it is trusted", async () => {
+    workspace.isTrusted = false;
+    mock.settings = { interpreter: "/ws/chosen/python" };
+    assert.equal(await activate().serverReady, false);
+    assert.equal(lc.LanguageClient.instances.length, 0, "no interpreter was launched");
+    assert.match(outputText(), /not trusted/);
+    assert.match(mock.statusBarItems[0].text, /shield/);
+    assert.deepEqual([...mock.commands.keys()].sort(), EXPECTED_COMMANDS, "commands still registered");
+    await mock.commands.get("ekka.restartServer")!();
+    changeSettings({ interpreter: "/ws/other/python" });
+    await tick();
+    assert.equal(lc.LanguageClient.instances.length, 0, "Restart Server and an interpreter change wait for trust too");
+    await mock.commands.get("ekka.diagnose")!(Uri.file(path.join(tmp, "repro.py")));
+    assert.match(mock.messages.at(-1)!.text, /not running/);
+
+    grantWorkspaceTrust();
+    await mock.commands.get("ekka.restartServer")!(); // queued behind the start: waits for it to finish
+    assert.equal(lc.LanguageClient.instances[0].serverOptions.command, "/ws/other/python");
+    assert.equal(lc.LanguageClient.instances[0].state, "stopped", "started once trusted (then restarted)");
+    assert.equal(lc.LanguageClient.instances.length, 2);
+    assert.match(outputText(), /trusted now; starting the server/);
+  });
+
+  test("in a trusted workspace a trust event does not start a second server", async () => {
+    await activate().serverReady;
+    grantWorkspaceTrust();
+    await tick();
+    await tick();
+    assert.equal(onlyClient().state, "running");
   });
 
   test("the server's error handler does not restart a crashed server behind the user's back", async () => {
@@ -491,7 +523,7 @@ describe("diagnosis: progress notification, cancel, report → tree, webview", (
     assert.equal(view.message, "Divergent: 2 suspects, most likely root cause first · demo.ekka.toml");
     assert.deepEqual(view.badge, { value: 2, tooltip: "2 suspects" });
     const provider = view.options.treeDataProvider as import("../src/tree").SuspectTreeProvider;
-    const [first] = provider.getChildren();
+    const first = provider.getChildren().find((n) => n.kind === "suspect")!;
     const item = provider.getTreeItem(first);
     assert.equal(item.label, "#1 Attention");
     await mock.commands.get(item.command!.command)!(...item.command!.arguments!);
@@ -506,7 +538,7 @@ describe("diagnosis: progress notification, cancel, report → tree, webview", (
     await activate().serverReady;
     onlyClient().notify("ekka/reportUpdated", fixture);
     const provider = mock.treeViews[0].options.treeDataProvider as import("../src/tree").SuspectTreeProvider;
-    const [first] = provider.getChildren();
+    const first = provider.getChildren().find((n) => n.kind === "suspect")!;
     await mock.commands.get("ekka.openCallSite")!(first);
     assert.deepEqual(mock.shownDocuments.at(-1), {
       path: "/opt/venv/lib/python3.11/site-packages/vllm/model_executor/models/gemma3.py",

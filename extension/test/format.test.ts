@@ -5,6 +5,8 @@ import { formatRatio, formatSuspectLabel, isDiagnosableFile, summarizeReport } f
 const suspect = (over: Partial<{ rank: number; cls: string; module: string; ratio: number; onset: number | null }>) => ({
   rank: over.rank ?? 1,
   target: { module: over.module ?? "model.layers.0.self_attn", class: over.cls ?? "Attention" },
+  reference: { modules: [] },
+  evidence: "",
   error_ratio: over.ratio ?? 37.2,
   onset_token: over.onset === undefined ? 17 : over.onset,
 });
@@ -72,13 +74,16 @@ describe("summarizeReport", () => {
         { ...suspect({ rank: 1, cls: "GeluAndMul", ratio: 140.2, onset: 0 }) },
       ],
     };
-    assert.equal(summarizeReport(report), "#1 GeluAndMul · 140× · from token 0");
+    assert.equal(summarizeReport({ report }), "#1 GeluAndMul · 140× · from token 0");
   });
 
-  test("divergent without suspects, consistent, inputs-differ", () => {
-    assert.equal(summarizeReport({ verdict: "divergent", suspects: [] }), "divergent");
-    assert.equal(summarizeReport({ verdict: "consistent", suspects: [] }), "consistent");
-    assert.equal(summarizeReport({ verdict: "inputs-differ", suspects: [] }), "inputs differ");
+  test("otherwise the server's headline as it came; from an older server (no headline), the verdict", () => {
+    const headline = "inconclusive: could not observe modules";
+    assert.equal(summarizeReport({ report: { verdict: "inconclusive", suspects: [] }, headline }), headline);
+    assert.equal(summarizeReport({ report: { verdict: "divergent", suspects: [] } }), "divergent");
+    assert.equal(summarizeReport({ report: { verdict: "consistent", suspects: [] } }), "consistent");
+    assert.equal(summarizeReport({ report: { verdict: "inputs-differ", suspects: [] } }), "inputs differ");
+    assert.equal(summarizeReport({ report: { verdict: "inconclusive", suspects: [] } }), "inconclusive");
   });
 });
 

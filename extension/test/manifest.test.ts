@@ -138,3 +138,17 @@ test("packaging: the .vsix carries dist/ and bundled/ but no sources, tests or n
   assert.match(manifest.scripts.package, /vsce package --no-dependencies/);
   assert.match(manifest.scripts.package, /bundle-python/);
 });
+
+test("untrusted workspaces: limited support, and a workspace cannot choose what runs (interpreter, host, engine args)", () => {
+  const trust = manifest.capabilities?.untrustedWorkspaces;
+  assert.ok(trust, "capabilities.untrustedWorkspaces is declared");
+  assert.equal(trust.supported, "limited");
+  assert.match(trust.description, /Restricted Mode/);
+  const props = manifest.contributes.configuration.properties;
+  // Every setting that picks a program, a host or arguments the server or its engine process runs with.
+  const mustRestrict = ["ekka.interpreter", "ekka.executor", "ekka.remote.python", "ekka.remote.workdir", "ekka.engineArgs"];
+  assert.deepEqual([...trust.restrictedConfigurations].sort(), [...mustRestrict].sort());
+  for (const key of trust.restrictedConfigurations) {
+    assert.ok(key in props, `${key} is a contributed setting`);
+  }
+});

@@ -23,6 +23,8 @@ const fixture: ReportUpdated = JSON.parse(
   fs.readFileSync(path.join(__dirname, "..", "test", "fixtures", "demo-report-updated.json"), "utf8"),
 );
 const plots = fixture.report.plots!;
+// report.to_json() writes every field: the fixture's series and heat map are all there.
+const series = plots.series!;
 
 /** Attributes of the first element matching `id` (or a tag+class) in an SVG string. */
 function attrsOf(svg: string, selector: RegExp): Record<string, string> {
@@ -52,7 +54,7 @@ describe("series plot (error ratio along the execution order)", () => {
   test("the change point line is vertical at the x of series[change_point]", () => {
     const cp = attrsOf(svg, /<line class="change-point"[^>]*>/);
     assert.equal(Number(cp["data-index"]), 46);
-    const want = seriesX(46, plots.series.length, x0, x1);
+    const want = seriesX(46, series.length, x0, x1);
     assert.ok(Math.abs(Number(cp.x1) - want) < 0.01, `x1 ${cp.x1} ≈ ${want}`);
     assert.equal(cp.x1, cp.x2, "vertical");
     assert.equal(Number(cp.y1), yTop);
@@ -84,7 +86,7 @@ describe("series plot (error ratio along the execution order)", () => {
     assert.equal(th.y1, th.y2, "horizontal");
     assert.equal(Number(th.x1), x0);
     assert.equal(Number(th.x2), x1);
-    const scale = logScale(plots.series.map((p) => p.error_ratio), plots.threshold, yTop, yBottom);
+    const scale = logScale(series.map((p) => p.error_ratio ?? null), plots.threshold, yTop, yBottom);
     assert.ok(Math.abs(Number(th.y1) - scale.y(2)) < 0.01);
     assert.match(svg, /threshold 2<\/text>/);
     // between the 1 and 10 ticks, at log10(2) ≈ 0.301 of the way
@@ -95,14 +97,14 @@ describe("series plot (error ratio along the execution order)", () => {
 
   test("points above the threshold are marked, the others are not", () => {
     const above = allOf(svg, /<circle class="point above"[^>]*>/).map((a) => Number(a["data-index"]));
-    const want = plots.series.flatMap((p, i) => (p.error_ratio !== null && p.error_ratio > 2 ? [i] : []));
+    const want = series.flatMap((p, i) => (p.error_ratio != null && p.error_ratio > 2 ? [i] : []));
     assert.deepEqual(above, want);
     assert.ok(above.length > 0 && above[0] === 46);
   });
 
   test("one point per compared component with a ratio, each with a tooltip", () => {
     const points = allOf(svg, /<circle class="point[^"]*"[^>]*>/);
-    assert.equal(points.length, plots.series.filter((p) => p.error_ratio !== null).length);
+    assert.equal(points.length, series.filter((p) => p.error_ratio != null).length);
     assert.match(svg, /<title>46\. model\.layers\.3\.self_attn\.attn \(Attention\): error ratio 49\.7×<\/title>/);
   });
 
@@ -143,24 +145,26 @@ describe("series plot (error ratio along the execution order)", () => {
 });
 
 describe("heat map (decoder layer × token position)", () => {
-  const h = plots.heatmap;
+  const h = plots.heatmap!;
+  const ratios = h.ratios!;
+  const positions = h.positions!;
   const svg = heatmapSvg(h, 2);
 
   test("one cell per (layer, position) with a value, none for missing values", () => {
     const cells = allOf(svg, /<rect class="cell"[^>]*>/);
-    const want = h.ratios.flat().filter((v) => v !== null).length;
+    const want = ratios.flat().filter((v) => v !== null).length;
     assert.equal(cells.length, want);
     assert.equal(cells.length, 292);
     const byKey = new Set(cells.map((c) => `${c["data-layer"]}:${c["data-position"]}`));
-    h.ratios.forEach((row, li) =>
-      row.forEach((v, pi) => assert.equal(byKey.has(`${li}:${h.positions[pi]}`), v !== null, `${li}:${pi}`)),
+    ratios.forEach((row, li) =>
+      row.forEach((v, pi) => assert.equal(byKey.has(`${li}:${positions[pi]}`), v !== null, `${li}:${pi}`)),
     );
   });
 
   test("cells form a grid: rows by layer, columns by position", () => {
     const L = heatLayout(h);
     for (const c of allOf(svg, /<rect class="cell"[^>]*>/)) {
-      const col = h.positions.indexOf(Number(c["data-position"]));
+      const col = positions.indexOf(Number(c["data-position"]));
       assert.equal(Number(c.x), L.left + col * L.cw);
       assert.equal(Number(c.y), L.top + Number(c["data-layer"]) * L.ch);
       assert.equal(Number(c.width), L.cw);
@@ -182,8 +186,8 @@ describe("heat map (decoder layer × token position)", () => {
     const cell = (layer: number, pos: number) =>
       attrsOf(svg, new RegExp(`<rect class="cell" data-layer="${layer}" data-position="${pos}"[^>]*>`)).fill;
     const red = (fill: string) => Number(/rgb\((\d+),/.exec(fill)![1]);
-    const li3 = h.ratios[3];
-    const hot = h.positions[li3.findIndex((v) => v !== null && v > 10)];
+    const li3 = ratios[3];
+    const hot = positions[li3.findIndex((v) => v !== null && v > 10)];
     assert.ok(red(cell(3, hot)) > 200, `layer 3 token ${hot}: ${cell(3, hot)}`);
     assert.equal(cell(0, 0), "rgb(70,110,160)", "ratio ≈ 1 is the neutral colour");
   });

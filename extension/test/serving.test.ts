@@ -24,11 +24,14 @@ beforeEach(() => resetVscodeMock());
 
 describe("served configuration node", () => {
   const update = withServing(serving);
-  const roots = suspects.treeNodes(update);
+  const all = suspects.treeNodes(update);
+  // below the verdict row, above the report's notes
+  const roots = all.filter((n) => n.kind !== "verdict" && n.kind !== "coverage");
   const node = roots[0];
   const child = (kind: string) => node.children.find((c) => c.kind === kind);
 
   test("it comes first, above the suspects, which keep their ids and order", () => {
+    assert.deepEqual(all.map((n) => n.kind), ["verdict", "serving", "suspect", "suspect", "coverage"]);
     assert.deepEqual(
       roots.map((n) => [n.kind, n.label]),
       [
@@ -78,7 +81,7 @@ describe("served configuration node", () => {
 
   test("a trial that could not run says so", () => {
     const failed = structuredClone(serving);
-    failed.triage!.trials = [{ factors: ["prefix_caching"], ratio: null, diverges: null, seconds: 0, error: "engine failed: OOM" }];
+    failed.triage!.trials = [{ factors: ["prefix_caching"], args: {}, ratio: null, diverges: null, seconds: 0, error: "engine failed: OOM" }];
     const [row] = suspects.servingNodes(withServing(failed))[0].children.find((c) => c.kind === "servingTrials")!.children.slice(2);
     assert.deepEqual([row.label, row.description, row.icon], ["baseline + prefix_caching", "could not run", "warning"]);
     assert.match(row.tooltip!, /could not run: engine failed: OOM/);
@@ -111,8 +114,9 @@ describe("served configuration node", () => {
   test("TreeItems: the node is expanded when triage found a culprit, its groups collapsed, the top suspect still expanded", () => {
     const p = new tree.SuspectTreeProvider();
     p.setReport(update);
-    const [top, first] = p.getChildren();
-    assert.equal(top, p.getChildren()[0]);
+    const [verdict, top, first] = p.getChildren();
+    assert.equal(verdict.kind, "verdict");
+    assert.equal(top, p.getChildren()[1]);
     const item = tree.toTreeItem(top);
     assert.equal(item.label, "Served configuration: diverges (ratio 54.6×)");
     assert.equal(item.collapsibleState, TreeItemCollapsibleState.Expanded);
@@ -131,8 +135,8 @@ describe("served configuration node", () => {
 describe("reports without (or with part of) a serving section", () => {
   test("no serving: no node, the suspects only", () => {
     assert.deepEqual(suspects.servingNodes(demo), []);
-    assert.deepEqual(suspects.treeNodes(demo).map((n) => n.label), ["#1 Attention", "#2 Gemma3Attention"]);
-    assert.deepEqual(suspects.treeNodes(withServing(null)).map((n) => n.kind), ["suspect", "suspect"]);
+    assert.deepEqual(suspects.treeNodes(demo).map((n) => n.label), ["Verdict: divergent", "#1 Attention", "#2 Gemma3Attention", "Notes"]);
+    assert.deepEqual(suspects.treeNodes(withServing(null)).map((n) => n.kind), ["verdict", "suspect", "suspect", "coverage"]);
   });
 
   test("the demo's one run (served = traced baseline, no triage): a collapsed node with no trial rows", () => {

@@ -71,7 +71,8 @@ describe("suspect nodes", () => {
       report: {
         schema: "ekka.report/1",
         verdict: "divergent",
-        suspects: [{ rank: 1, target: { module: "m", class: "", file: null, line: null }, error_ratio: null, onset_token: null }],
+        suspects: [{ rank: 1, target: { module: "m", class: "", file: null, line: null }, reference: { modules: [] },
+                     error_ratio: null, onset_token: null, evidence: "" }],
       },
     });
     assert.equal(n.label, "#1 m");
@@ -101,7 +102,7 @@ describe("suspect nodes", () => {
 });
 
 describe("TreeItems", () => {
-  test("the provider gives suspects at the root and their details as children", () => {
+  test("the provider gives the verdict, the suspects and the notes at the root, the details as children", () => {
     const p = new tree.SuspectTreeProvider();
     let fired = 0;
     p.onDidChangeTreeData(() => fired++);
@@ -109,9 +110,10 @@ describe("TreeItems", () => {
     p.setReport(fixture);
     assert.equal(fired, 1);
     const roots = p.getChildren();
-    assert.equal(roots.length, 2);
-    assert.equal(p.getChildren(roots[0]).length, 6);
-    assert.equal(p.getParent(roots[0].children[1]), roots[0]);
+    assert.deepEqual(roots.map((n) => n.label), ["Verdict: divergent", "#1 Attention", "#2 Gemma3Attention", "Notes"]);
+    assert.equal(p.getChildren(roots[1]).length, 6);
+    assert.equal(p.getParent(roots[1].children[1]), roots[1]);
+    assert.equal(p.getParent(roots[3].children[0]), roots[3]);
     p.setReport(undefined);
     assert.deepEqual(p.getChildren(), []);
     assert.equal(fired, 2);

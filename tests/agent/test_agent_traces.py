@@ -155,7 +155,7 @@ def test_a_failing_aligner_fails_only_its_pair(batch_traces):
         assert failure.component == FUSED
         assert failure.reason.startswith(f"{FUSED}: custom aligner failed: {FUSED}: sequence 0 against the "
                                          "reference") and why in failure.reason
-        assert failure.unchecked()["module"] == FUSED
+        assert failure.unchecked().module == FUSED
 
 
 def test_agent_aligner_is_set_on_the_pair_and_kept_in_mapping_json(api, tmp_path, batch_traces):

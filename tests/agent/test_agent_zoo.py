@@ -19,6 +19,7 @@ from ekka_core import bugs
 from ekka_core.agent import AgentConfig, complete_mapping
 from ekka_core.align import Traces, align
 from ekka_core.capture.trace import Trace
+from ekka_core.contracts.alignment import ALIGNMENT_FAILED
 from ekka_core.mapping import Mapping, Unmapped, map_components
 from ekka_core.pipeline import diagnose
 from ekka_core.contracts.spec import DiagnosisSpec
@@ -113,12 +114,12 @@ def _traces(out: Path) -> Traces:
 
 def test_agent_maps_the_whole_architecture_and_the_diagnosis_ranks_the_bug_first(rules_off):
     report, out, api = rules_off
-    agent = report["agent"]
-    assert agent["status"] == "complete", (agent["message"], agent["validator_problems"])
-    assert agent["components"] == {"asked": 52, "mapped": 51, "explained": 1, "from_knowledge_base": 0,
-                                   "unchecked": 0}
-    assert agent["rounds"] == 2 and agent["usage"]["calls"] == len(api.requests) == 5
-    assert agent["usage"]["input_tokens"] > 10_000                  # the fake's size estimate, not a constant
+    agent = report.agent
+    assert agent.status == "complete", (agent.message, agent.validator_problems)
+    assert agent.components == {"asked": 52, "mapped": 51, "explained": 1, "from_knowledge_base": 0,
+                                "unchecked": 0}
+    assert agent.rounds == 2 and agent.usage.calls == len(api.requests) == 5
+    assert agent.usage.input_tokens > 10_000                        # the fake's size estimate, not a constant
     mapping = Mapping.load(out / "mapping.json")
     assert len(mapping.pairs) == 51 and all(p.rule.startswith("agent (agent)") for p in mapping.pairs)
     assert [(u.module, u.reason.split(":")[0], u.status) for u in mapping.unmapped] == [("", "agent", "agent-explained")]
@@ -126,11 +127,11 @@ def test_agent_maps_the_whole_architecture_and_the_diagnosis_ranks_the_bug_first
     feedback = api.tool_results(4)[-1]
     assert feedback["is_error"] and "gate_up_proj" in feedback["content"] and "far better" in feedback["content"]
     # the diagnosis, on the agent's mapping alone
-    assert report["verdict"] == "divergent"
-    assert bugs.matches(bugs.get(BUG), report["suspects"][0]["target"]["module"]), report["suspects"][:2]
-    assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []
+    assert report.verdict == "divergent"
+    assert bugs.matches(bugs.get(BUG), report.suspects[0].target.module), report.suspects[:2]
+    assert [u for u in report.unchecked if u.reason.startswith(ALIGNMENT_FAILED)] == []
     # the transcript is next to the report and named by it
-    assert agent["transcript"] == {"jsonl": "agent-transcript.jsonl", "markdown": "agent-transcript.md"}
+    assert agent.transcript == {"jsonl": "agent-transcript.jsonl", "markdown": "agent-transcript.md"}
     records = [json.loads(line) for line in (out / "agent-transcript.jsonl").read_text().splitlines()]
     assert sum(r["type"] == "request" for r in records) == 5 and records[-1]["type"] == "outcome"
     assert "test-key" not in (out / "agent-transcript.jsonl").read_text()

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ekka_core.align import AlignmentError
-from ekka_core.align.sandbox import ENV_FIXED, ENV_KEEP, run_aligner, run_self_checks, sanitized_env
+from ekka_core.align.sandbox import (ENV_FIXED, ENV_KEEP, SANDBOX_ENV, SandboxUnavailable, run_aligner,
+                                     run_self_checks, sanitized_env)
 from ekka_core.align.template import TEMPLATE, declared_checks, validate_source
 
 # A fused qkv projection: 4 query heads and 2 kv heads of 64 → q 256, k 128, v 128 wide; 2 sequences × 8 positions.
@@ -183,7 +190,7 @@ import numpy as np
 
 
 def align(target, reference, meta):
-    facts = [float("ANTHROPIC_API_KEY" in os.environ), float(len(os.environ)),
+    facts = [float("ANTHROPIC_API_KEY" in os.environ), float(len(set(os.environ) - set(meta["allowed"]))),
              resource.getrlimit(resource.RLIMIT_AS)[0] / 2**20, resource.getrlimit(resource.RLIMIT_CPU)[0],
              resource.getrlimit(resource.RLIMIT_NOFILE)[0], float("torch" in sys.modules or "ekka_core" in sys.modules)]
     a = np.array([facts], np.float32)
@@ -191,9 +198,11 @@ def align(target, reference, meta):
 '''
     target, reference, meta = qkv
     meta = {k: v for k, v in meta.items() if k != "rows"}
+    # bwrap adds PWD (its --chdir) and, for a libpython outside /usr/lib, LD_LIBRARY_PATH.
+    meta["allowed"] = [*ENV_KEEP, *ENV_FIXED, "PWD", "LD_LIBRARY_PATH"]
     res = run_aligner(src, target, reference, meta, timeout_s=3, memory_mb=768, validate=False)
-    secret, n_env, mem_mb, cpu, nofile, heavy = res.target[0].tolist()
-    assert secret == 0 and n_env <= len(ENV_KEEP) + len(ENV_FIXED)
+    secret, extra_env, mem_mb, cpu, nofile, heavy = res.target[0].tolist()
+    assert secret == 0 and extra_env == 0
     assert (mem_mb, cpu, nofile) == (768, 4, 64)
     assert heavy == 0           # the child imports neither Ekka nor torch
 
@@ -236,3 +245,183 @@ def test_self_checks_directly():
     assert checks["shape"] is False and failures == ["shape: 10 rows but meta['rows'] is 12"]
     checks, failures = run_self_checks(a[None], a[None], [])
     assert not checks["shape"] and "expected 2-D" in failures[0]
+
+
+
+# --- the OS boundary (bubblewrap) ------------------------------------------------------------------------------
+# Each probe bypasses the static checks (validate=False) and reads, lists or connects by a route the Python-level
+# stubs do not cover; under the sandbox it must fail, and with the boundary off (EKKA_ALIGNER_SANDBOX=rlimits-only)
+# the same code must succeed — which shows each test can fail.
+PROBE = """
+import ctypes, io, json, os, struct
+import numpy as np
+
+
+def libc():
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def libc_read(path):
+    c = libc()
+    fd = c.open(path.encode(), os.O_RDONLY)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "libc open failed", path)
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = c.read(fd, buf, len(buf))
+    if n < 0:
+        raise OSError(ctypes.get_errno(), "libc read failed", path)
+    return buf.raw[:n]
+
+
+def libc_connect(port):
+    c = libc()
+    fd = c.socket(2, 1, 0)                      # AF_INET, SOCK_STREAM: not through the socket module's stubs
+    addr = struct.pack("<H", 2) + struct.pack(">H", port) + bytes([127, 0, 0, 1]) + bytes(8)
+    rc = c.connect(fd, addr, len(addr))
+    return json.dumps([fd, rc, ctypes.get_errno()]).encode()
+
+
+def probe(meta):
+BODY
+
+
+def align(target, reference, meta):
+    data = bytes(probe(meta)) or b"-"
+    a = np.frombuffer(data, np.uint8).astype(np.float32)[None]
+    return a, a
+"""
+
+READERS = {
+    "numpy": "return np.lib._datasource.open(meta['path'], 'rb').read()",     # issue 23 item 7
+    "builtins.open": "return open(meta['path'], 'rb').read()",
+    "io.open": "return io.open(meta['path'], 'rb').read()",                  # the same open, past the stub
+    "os": "fd = os.open(meta['path'], os.O_RDONLY)\nreturn os.read(fd, 1 << 16)",
+    "ctypes": "return libc_read(meta['path'])",
+}
+SECRET = "ekka-sandbox-secret-4b1d9e"
+X = {"x": np.zeros((1, 1), np.float32)}
+
+
+def run_probe(body: str, **meta) -> bytes:
+    src = PROBE.replace("BODY", textwrap.indent(body, "    "))
+    res = run_aligner(src, X, X, meta, validate=False)
+    return res.target[0].astype(np.uint8).tobytes()
+
+
+@pytest.fixture
+def secret_file(tmp_path):
+    f = tmp_path / "secret.txt"
+    f.write_text(SECRET)
+    return f
+
+
+def _passwd_marker() -> str:
+    return Path("/etc/passwd").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("how", READERS)
+@pytest.mark.parametrize("target", ["secret", "passwd"])
+def test_sandbox_cannot_read_host_files(how, target, secret_file):
+    path, marker = (str(secret_file), SECRET) if target == "secret" else ("/etc/passwd", _passwd_marker())
+    with pytest.raises(AlignmentError, match=r"aligner raised \w+") as e:
+        run_probe(READERS[how], path=path)
+    assert marker not in str(e.value) and marker not in (e.value.fix or "")
+
+
+@pytest.mark.parametrize("how", [h for h in READERS if h != "builtins.open"])   # that one the stub blocks too
+def test_without_the_boundary_the_same_code_reads_the_file(how, secret_file, monkeypatch):
+    """The tests' power: with the opt-out every probe above reads the secret, and the run says so."""
+    monkeypatch.setenv(SANDBOX_ENV, "rlimits-only")
+    with pytest.warns(RuntimeWarning, match="without the bubblewrap boundary"):
+        assert SECRET in run_probe(READERS[how], path=str(secret_file)).decode()
+        assert _passwd_marker() in run_probe(READERS[how], path="/etc/passwd").decode()
+
+
+def test_sandbox_lists_no_host_directory(secret_file, monkeypatch):
+    """os.listdir of the repository and of the secret's dir fail; "/" holds only the read-only binds and /job,
+    the one writable place (the working dir)."""
+    repo = str(Path(__file__).resolve().parents[2])
+    body = ("out = []\nfor p in meta['dirs']:\n    try:\n        out.append(sorted(os.listdir(p)))\n"
+            "    except OSError as e:\n        out.append(type(e).__name__)\n"
+            "try:\n    io.open('/written', 'w')\n    ro = 'writable'\nexcept OSError as e:\n    ro = e.strerror\n"
+            "io.open('written', 'w').write('ok')\n"
+            "return json.dumps([out, sorted(os.listdir('/')), ro]).encode()")
+    dirs = [repo, str(secret_file.parent), "/etc", "/home", "/tmp"]
+    listed, root, ro = __import__("json").loads(run_probe(body, dirs=dirs))
+    assert listed == ["FileNotFoundError"] * len(dirs)
+    assert set(root) <= {"usr", "lib", "lib32", "lib64", "libx32", "proc", "dev", "job", "ekka",
+                         Path(sys.base_prefix).parts[1], Path(os.path.realpath(sys.executable)).parts[1]}, root
+    assert ro == "Read-only file system"
+    monkeypatch.setenv(SANDBOX_ENV, "rlimits-only")
+    with pytest.warns(RuntimeWarning):
+        listed, _, _ = __import__("json").loads(run_probe(body, dirs=dirs[:2]))
+    assert "secret.txt" in listed[1] and isinstance(listed[0], list)
+
+
+def test_sandbox_has_no_network(monkeypatch):
+    """A TCP connect to a port the test listens on, made through libc (past the socket stubs), never arrives."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        fd, rc, errno = __import__("json").loads(run_probe("return libc_connect(meta['port'])", port=port))
+        assert fd >= 0 and rc == -1 and errno == 111             # ECONNREFUSED: the sandbox's own loopback
+        with pytest.raises(socket.timeout):
+            server.accept()
+        monkeypatch.setenv(SANDBOX_ENV, "rlimits-only")
+        with pytest.warns(RuntimeWarning):
+            _, rc, _ = __import__("json").loads(run_probe("return libc_connect(meta['port'])", port=port))
+        assert rc == 0
+        server.accept()[0].close()
+
+
+def test_sandbox_cannot_see_host_processes(monkeypatch):
+    marker = f"ekka-sandbox-marker-{os.getpid()}"
+    body = ("seen, n = 0, 0\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n        n += 1\n        try:\n"
+            "            seen += meta['marker'].encode() in io.open(f'/proc/{p}/cmdline', 'rb').read()\n"
+            "        except OSError:\n            pass\nreturn json.dumps([n, seen]).encode()")
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        n, seen = __import__("json").loads(run_probe(body, marker=marker))
+        assert seen == 0 and n <= 3                              # bwrap's init and the child
+        monkeypatch.setenv(SANDBOX_ENV, "rlimits-only")
+        with pytest.warns(RuntimeWarning):
+            n, seen = __import__("json").loads(run_probe(body, marker=marker))
+        assert seen == 1 and n > 3
+    finally:
+        helper.kill()
+        helper.wait()
+
+
+TRIVIAL = "def align(target, reference, meta):\n    return target['x'], target['x']\n"
+
+
+def test_refused_without_bwrap_unless_opted_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))                   # no bwrap on PATH
+    with pytest.raises(SandboxUnavailable, match=r"aligner refused.*bubblewrap \(bwrap\).*not installed") as e:
+        run_aligner(TRIVIAL, X, X)
+    assert "apt-get install bubblewrap" in e.value.fix and f"{SANDBOX_ENV}=rlimits-only" in e.value.fix
+    monkeypatch.setenv(SANDBOX_ENV, "rlimits-only")
+    with pytest.warns(RuntimeWarning, match="rlimits-only"):
+        assert run_aligner(TRIVIAL, X, X).sandbox == "rlimits-only"
+    monkeypatch.setenv(SANDBOX_ENV, "none")
+    with pytest.raises(AlignmentError, match=r"EKKA_ALIGNER_SANDBOX='none' is not a sandbox mode"):
+        run_aligner(TRIVIAL, X, X)
+
+
+def test_refused_when_bwrap_cannot_create_namespaces(tmp_path, monkeypatch):
+    """What bwrap says where user namespaces are off (a fake bwrap here): the aligner is refused, never run."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the kernel "
+                    "does not allow non-privileged user namespaces.' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(SandboxUnavailable, match=r"could not set up the aligner sandbox.*No permissions to creating "
+                                                 r"new namespace") as e:
+        run_aligner(TRIVIAL, X, X)
+    assert "user namespaces" in e.value.fix
+
+
+def test_sandboxed_run_records_its_boundary():
+    assert run_aligner(TRIVIAL, X, X).sandbox == "bwrap"

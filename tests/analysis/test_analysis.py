@@ -1,18 +1,19 @@
-"""Stage 5: the error ratio, the first *sustained* change point, and ranking on hand-made aligned pairs."""
+"""The analysis stage: the error ratio, the first *sustained* change point, and ranking on hand-made aligned pairs."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 import torch
 
-from ekka_core.analysis import _first_sustained_shift, analyse, error_ratio
+from ekka_core.analysis import analyse, error_ratio
+from ekka_core.analysis.observations import _first_sustained_shift
 from ekka_core.contracts.ranking import UNIT_ROUNDOFF
-from ekka_core.contracts.alignment import AlignmentFailure
-from ekka_core.mapping import ComponentPair, Endpoint
+from ekka_core.contracts.alignment import ALIGNMENT_FAILED, AlignmentFailure
+from ekka_core.contracts.report import Unchecked
+from hand_made import aligned_pairs
 
 LOG_THR = math.log10(2.0)
 
@@ -136,63 +137,8 @@ def test_empty_series_has_no_shift():
 
 # --- analyse end to end on hand-made aligned pairs -------------------------------------------------------------
 
-@dataclass
-class _Aligned:
-    pair: ComponentPair
-    order: int
-    keys: list
-    target: torch.Tensor
-    reference: torch.Tensor
-    reference_fp32: torch.Tensor
-    inputs: tuple | None = None
-
-
-@dataclass
-class _Pairs:
-    items: list
-    failures: list = field(default_factory=list)
-
-    def __iter__(self):
-        return iter(self.items)
-
-
-def _pairs(bug_at: str | None, bug_from_pos: int = 0, n_layers: int = 4, n_pos: int = 12) -> tuple[_Pairs, dict]:
-    """Execution order: embed, then per layer attn, mlp, layer; then logits. A bug multiplies the target's error
-    by 30 from the buggy component on (and on every later component: errors propagate), at positions ≥
-    bug_from_pos."""
-    names = ["model.embed_tokens"]
-    for i in range(n_layers):
-        names += [f"model.layers.{i}.self_attn.attn", f"model.layers.{i}.mlp", f"model.layers.{i}"]
-    names.append("logits_processor")
-    keys = [(0, p) for p in range(n_pos)]
-    items, classes = [], {}
-    broken = False
-    prev_err = 1.0
-    for order, name in enumerate(names):
-        y = torch.randn(n_pos, 64, generator=_g(order))
-        x_r = _noisy(y, 0.01, 1000 + order)
-        x_t = _noisy(y, 0.01, 2000 + order)
-        broken = broken or name == bug_at
-        err = 30.0 if broken else 1.0
-        if broken:
-            x_t[bug_from_pos:] = _noisy(y[bug_from_pos:], 0.01 * err, 3000 + order)
-        inputs = None
-        if name.endswith(".mlp"):   # comparable inputs for MLPs: input error = previous component's error
-            yi = torch.randn(n_pos, 64, generator=_g(500 + order))
-            xi_t = _noisy(yi, 0.01, 4000 + order)
-            xi_t[bug_from_pos:] = _noisy(yi[bug_from_pos:], 0.01 * prev_err, 5000 + order)
-            inputs = (xi_t, _noisy(yi, 0.01, 6000 + order), yi)
-        prev_err = err
-        pair = ComponentPair(name, "1:1", "same-path", Endpoint([name]), Endpoint([name]))
-        items.append(_Aligned(pair, order, keys, x_t, x_r, y, inputs))
-        cls = "Attention" if name.endswith("attn") else "X"
-        classes[name] = {"cls": cls, "file": f"/src/{cls}.py", "line": order + 1, "forward_file": None,
-                         "forward_line": None}
-    return _Pairs(items), classes
-
-
 def test_consistent_run_has_no_suspects():
-    aligned, classes = _pairs(None)
+    aligned, classes = aligned_pairs(None)
     r = analyse(aligned, threshold=2.0, dtype="bfloat16", target_classes=classes, prompt_lens=[8])
     assert r.verdict == "consistent" and r.suspects == [] and r.change_point is None
     assert len(r.pairs) == len(aligned.items)
@@ -201,7 +147,7 @@ def test_consistent_run_has_no_suspects():
 
 def test_divergence_is_blamed_on_the_first_breaking_module_with_its_onset_token():
     bug = "model.layers.2.self_attn.attn"
-    aligned, classes = _pairs(bug, bug_from_pos=5)
+    aligned, classes = aligned_pairs(bug, bug_from_pos=5)
     r = analyse(aligned, threshold=2.0, dtype="bfloat16", target_classes=classes, prompt_lens=[8])
     assert r.verdict == "divergent"
     names = [p.component for p in r.pairs]
@@ -217,28 +163,28 @@ def test_divergence_is_blamed_on_the_first_breaking_module_with_its_onset_token(
 
 
 def test_onset_in_decode_phase_is_named():
-    aligned, classes = _pairs("model.layers.1.self_attn.attn", bug_from_pos=9)
+    aligned, classes = aligned_pairs("model.layers.1.self_attn.attn", bug_from_pos=9)
     r = analyse(aligned, threshold=2.0, dtype="bfloat16", target_classes=classes, prompt_lens=[8])
     top = r.suspects[0]
     assert top.onset_token == 9 and top.onset_phase == "decode:2"
 
 
 def test_alignment_failures_are_listed_as_unchecked():
-    aligned, classes = _pairs(None)
+    aligned, classes = aligned_pairs(None)
     why = "model.layers.0.mlp.act_fn ↔ model.layers.0.mlp.act_fn: shapes differ after alignment, target [8, 64] vs reference [8, 32]"
     aligned.failures.append(AlignmentFailure("model.layers.0.mlp.act_fn", why))
     r = analyse(aligned, threshold=2.0, dtype="bfloat16", target_classes=classes, prompt_lens=[8],
-                unchecked=[{"module": "model.layers.0.self_attn.rotary_emb", "reason": "unmapped"}])
+                unchecked=[Unchecked("model.layers.0.self_attn.rotary_emb", "unmapped")])
     # the record names the component (not the whole message) and keeps the message as the reason
-    assert {"module": "model.layers.0.mlp.act_fn", "reason": f"alignment failed: {why}"} in r.unchecked
-    assert all(" " not in u["module"] for u in r.unchecked)      # module paths, never a message
-    assert {"module": "model.layers.0.self_attn.rotary_emb", "reason": "unmapped"} in r.unchecked
+    assert Unchecked("model.layers.0.mlp.act_fn", f"{ALIGNMENT_FAILED}: {why}") in r.unchecked
+    assert all(" " not in u.module for u in r.unchecked)      # module paths, never a message
+    assert Unchecked("model.layers.0.self_attn.rotary_emb", "unmapped") in r.unchecked
 
 
 # --- regression: a target that produces NaN is judged "consistent" -------------------------
 
 def test_nan_target_output_is_divergent():
-    aligned, classes = _pairs(None)
+    aligned, classes = aligned_pairs(None)
     bug = aligned.items[7]                       # model.layers.2.self_attn.attn
     for it in aligned.items[7:]:
         it.target[0, 0] = float("nan")           # e.g. fp16 overflow (inf - inf) from here on

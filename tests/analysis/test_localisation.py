@@ -1,5 +1,5 @@
-"""Stage 5: where an error is introduced — a module, the code a parent's forward runs between two children, or a
-departure from the reference's own rounding — and evidence sentences that say what their numbers say.
+"""The analysis stage: where an error is introduced — a module, the code a parent's forward runs between two
+children, or a departure from the reference's own rounding — and evidence sentences that say what their numbers say.
 
 Hand-made aligned pairs on one clock: each pair's output at its completion index, its input (where compared) just
 after the call that completed before its module started (``entered``)."""
@@ -21,11 +21,11 @@ THR = 2.0
 @pytest.fixture(autouse=True)
 def noise_model(monkeypatch):
     """A noise model for the hand-made classes: norms are bit-identical when clean, composites are not."""
-    import ekka_core.analysis as analysis
+    from ekka_core.analysis import conventions
 
     model = {"classes": {"Input_Layernorm": 0.0, "Post_Attention_Layernorm": 0.0, "0": 1.0, "Mlp": 1.0},
              "glue": 0.0}
-    monkeypatch.setattr(analysis, "convention_noise", lambda: model)
+    monkeypatch.setattr(conventions, "convention_noise", lambda: model)
     return model
 
 

@@ -15,6 +15,8 @@ from ekka_core.bisect import _search, candidates_from, parse_env_arg
 from ekka_core.bisect.changes import what_changed_in
 from ekka_core.bisect.envs import _metadata_alias, _pin, _reason, check_release, disk_usage, overlay_env
 from ekka_core.contracts.errors import BadInput
+from ekka_core.contracts.report import (BisectChange, BisectSection, BisectSuspect, BisectTried, Report,
+                                        TargetLocation)
 from tests.support.fake_release import BAD_LINE, GOOD_LINE, make_releases, write_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,20 +103,20 @@ def test_what_changed_diffs_the_class_and_the_functions_it_calls(tmp_path: Path)
     bad = write_plugin(tmp_path / "bad", "1.1", buggy=True)
     import importlib.util
     engine = str(Path(importlib.util.find_spec("vllm").origin).parents[1])   # the base class lives in vllm
-    suspect = {"target": {"class": "RMSNorm", "file": str(bad / "ekka_fakerelease" / "norm.py")}}
-    found = what_changed_in(suspect, [str(good), engine], [str(bad), engine])
-    assert "ekka_fakerelease.norm.RMSNorm" in found["compared"]
-    assert "ekka_fakerelease.norm.rms" in found["compared"]
-    assert "vllm.model_executor.layers.layernorm.RMSNorm" in found["compared"]     # the engine base class
-    assert [c["symbol"] for c in found["changes"]] == ["ekka_fakerelease.norm.rms"]  # identical elsewhere
-    change = found["changes"][0]
-    assert change["status"] == "changed" and change["kind"] == "function"
-    diff = change["unified_diff"].splitlines()
+    target = TargetLocation(module="model.norm", cls="RMSNorm", file=str(bad / "ekka_fakerelease" / "norm.py"))
+    found = what_changed_in(target, [str(good), engine], [str(bad), engine])
+    assert "ekka_fakerelease.norm.RMSNorm" in found.compared
+    assert "ekka_fakerelease.norm.rms" in found.compared
+    assert "vllm.model_executor.layers.layernorm.RMSNorm" in found.compared       # the engine base class
+    assert [c.symbol for c in found.changes] == ["ekka_fakerelease.norm.rms"]    # identical elsewhere
+    change = found.changes[0]
+    assert change.status == "changed" and change.kind == "function"
+    diff = change.unified_diff.splitlines()
     assert diff[0] == "--- a/ekka_fakerelease/norm.py" and diff[1] == "+++ b/ekka_fakerelease/norm.py"
     assert "-" + GOOD_LINE in diff and "+" + BAD_LINE in diff
     # hunk headers carry the file's own line numbers: `def rms` is line 5 of norm.py
     assert diff[2].startswith("@@ -5,") and "+5," in diff[2]
-    assert change["line_good"] == change["line_bad"] == 5
+    assert change.line_good == change.line_bad == 5
 
 
 def test_what_changed_follows_imports_into_the_engine_and_names_custom_ops(tmp_path: Path) -> None:
@@ -133,13 +135,13 @@ def test_what_changed_follows_imports_into_the_engine_and_names_custom_ops(tmp_p
 
     good = tree(tmp_path / "a", "    x = x.contiguous()\n    torch.ops._C.rms_norm(out, x, w, eps)")
     bad = tree(tmp_path / "b", "    torch.ops._C.rms_norm(out, x, w, eps)")
-    suspect = {"target": {"class": "Norm", "file": str(bad / "eng" / "layers" / "norm.py")}}
-    found = what_changed_in(suspect, [str(good)], [str(bad)])
-    assert found["compared"] == ["eng.layers.norm.Norm", "eng.layers.norm.rms_norm", "eng._ops.rms_norm"]
-    assert [c["symbol"] for c in found["changes"]] == ["eng._ops.rms_norm"]
-    assert "-    x = x.contiguous()" in found["changes"][0]["unified_diff"].splitlines()
-    assert found["custom_ops"] == ["torch.ops._C.rms_norm"]
-    assert "eng._ops.unrelated" not in found["compared"]
+    target = TargetLocation(module="model.norm", cls="Norm", file=str(bad / "eng" / "layers" / "norm.py"))
+    found = what_changed_in(target, [str(good)], [str(bad)])
+    assert found.compared == ["eng.layers.norm.Norm", "eng.layers.norm.rms_norm", "eng._ops.rms_norm"]
+    assert [c.symbol for c in found.changes] == ["eng._ops.rms_norm"]
+    assert "-    x = x.contiguous()" in found.changes[0].unified_diff.splitlines()
+    assert found.custom_ops == ["torch.ops._C.rms_norm"]
+    assert "eng._ops.unrelated" not in found.compared
 
 
 # ---- environments -------------------------------------------------------------------------------------------------
@@ -220,22 +222,80 @@ def test_report_sections_render_the_releases_and_the_diff() -> None:
     from ekka_core.report import render_markdown
     from ekka_core.report.bisect_section import bisect_html
 
-    section = {
-        "outcome": "regression-found", "candidates": ["1.0", "1.1"], "last_good": "1.0", "first_bad": "1.1",
-        "seconds": 12.0, "note": "", "custom_ops": ["torch.ops._C.rms_norm"],
-        "suspect": {"module": "model.layers.0.self_attn.q_norm", "class": "RMSNorm", "file": "/x/norm.py", "line": 3},
-        "tried": [{"label": "1.0", "verdict": "consistent", "top_suspect": None, "seconds": 5.0, "env_seconds": 0.0,
-                   "env_reused": True, "traces_reused": False},
-                  {"label": "1.1", "verdict": "divergent", "top_suspect": "model.layers.0.self_attn.q_norm",
-                   "seconds": 6.0, "env_seconds": 40.0, "env_reused": False, "traces_reused": True}],
-        "changes": [{"symbol": "pkg.norm.rms", "kind": "function", "status": "changed", "file_good": "/a/norm.py",
-                     "file_bad": "/b/norm.py", "unified_diff": "--- a/norm.py\n+++ b/norm.py\n@@ -5,2 +5,2 @@\n"
-                                                              "-    old <line>\n+    new\n"}],
-    }
-    md = render_markdown({"suspects": [], "inputs_differ": [], "checked": 3, "unchecked": [], "notes": [],
-                          "verdict": "divergent", "bisect": section})
+    section = BisectSection(
+        outcome="regression-found", candidates=["1.0", "1.1"], last_good="1.0", first_bad="1.1",
+        seconds=12.0, note="", custom_ops=["torch.ops._C.rms_norm"],
+        suspect=BisectSuspect(module="model.layers.0.self_attn.q_norm", cls="RMSNorm", file="/x/norm.py", line=3),
+        tried=[BisectTried(label="1.0", verdict="consistent", top_suspect=None, seconds=5.0, env_seconds=0.0,
+                           env_reused=True, traces_reused=False),
+               BisectTried(label="1.1", verdict="divergent", top_suspect="model.layers.0.self_attn.q_norm",
+                           seconds=6.0, env_seconds=40.0, env_reused=False, traces_reused=True)],
+        changes=[BisectChange(symbol="pkg.norm.rms", kind="function", status="changed", file_good="/a/norm.py",
+                              file_bad="/b/norm.py", unified_diff="--- a/norm.py\n+++ b/norm.py\n@@ -5,2 +5,2 @@\n"
+                                                                   "-    old <line>\n+    new\n")])
+    md = render_markdown(Report(verdict="divergent", checked=3, bisect=section))
     assert "## Bisection" in md and "last good 1.0 · first bad 1.1" in md
     assert "```diff\n--- a/norm.py" in md and "| 1.1 | divergent | `model.layers.0.self_attn.q_norm` | 6 | built (40 s) |" in md
     html = bisect_html(section)
     assert '<span class="d-del">-    old &lt;line&gt;</span>' in html and '<span class="d-add">+    new</span>' in html
     assert "torch.ops._C.rms_norm" in html and 'class="v-divergent"' in html
+
+
+def test_bisect_builds_a_typed_section_from_the_releases_diagnoses(tmp_path: Path, monkeypatch) -> None:
+    """The search over fake diagnoses (no engine): a release that cannot be diagnosed is skipped and said, the fix
+    is bisected after the release seen bad, and the report is the first bad release's with its ``bisect``."""
+    from types import SimpleNamespace
+
+    from ekka_core.bisect import Candidate, bisect
+    from ekka_core.bisect.changes import WhatChanged
+    from ekka_core.capture.interpreter import TARGET_PYTHON_ENV
+    from ekka_core.contracts.errors import InternalFailure
+    from ekka_core.contracts.report import EngineInfo, RunMeta, Suspect
+    from ekka_core.contracts.spec import DiagnosisSpec
+
+    verdicts = {"1.0": "consistent", "1.1": None, "1.2": "divergent", "1.3": "consistent"}   # None: engine fails
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+
+    def diagnose(spec, where, *, fresh, env, progress):
+        label = Path(env[TARGET_PYTHON_ENV]).name
+        if verdicts[label] is None:
+            raise InternalFailure(f"engine {label} crashed")
+        suspects = [] if verdicts[label] == "consistent" else [
+            Suspect(rank=1, target=TargetLocation(module="model.layers.0.mlp", cls="Mlp", file="/x/mlp.py", line=3))]
+        report = Report(verdict=verdicts[label], suspects=suspects,
+                        meta=RunMeta(target=EngineInfo(framework="vllm", version=label), reused_traces=True))
+        return SimpleNamespace(report=report, paths={"json": Path(where) / "report.json"})
+
+    def what_changed(target, good_python, bad_python):
+        good, bad = Path(good_python).name, Path(bad_python).name
+        return WhatChanged([BisectChange(symbol=f"{target.cls}.forward", kind="function", status="changed",
+                                         unified_diff=f"-{good}\n+{bad}\n")], [f"{target.cls}.forward"], [],
+                           note=f"diffed {good} → {bad}")
+
+    monkeypatch.setattr("ekka_core.capture.interpreter.probe", lambda python, target: {target: {"version": "x"}})
+    monkeypatch.setattr("ekka_core.pipeline.diagnose", diagnose)
+    monkeypatch.setattr("ekka_core.bisect.changes.what_changed", what_changed)
+    candidates = [Candidate(label=v, python=str(tmp_path / "envs" / v)) for v in verdicts]
+    result = bisect(DiagnosisSpec(model=str(model), prompts=["hi"]), tmp_path / "out", candidates, bad="1.2",
+                    check_index=False, cache_dir=tmp_path / "cache")
+
+    b = result.report.bisect
+    assert isinstance(b, BisectSection) and result.report.verdict == "divergent"
+    assert (b.outcome, b.last_good, b.first_bad, b.bad_given) == ("regression-found", "1.0", "1.2", "1.2")
+    assert [(t.label, t.verdict) for t in b.tried] == [("1.0", "consistent"), ("1.2", "divergent"),
+                                                       ("1.1", "error"), ("1.3", "consistent")]
+    assert all(isinstance(t, BisectTried) for t in b.tried) and result.tried == b.tried
+    assert b.tried[1].engine_version == "1.2" and b.tried[1].top_suspect == "model.layers.0.mlp"
+    assert b.tried[1].traces_reused and b.tried[2].error == "engine 1.1 crashed"
+    assert b.suspect == BisectSuspect(module="model.layers.0.mlp", cls="Mlp", file="/x/mlp.py", line=3)
+    assert [c.unified_diff for c in b.changes] == ["-1.0\n+1.2\n"]
+    # every note is kept: the window left wide, what the diff said, the release skipped
+    assert "between 1.0 and 1.2 could not be diagnosed" in b.note and "diffed 1.0 → 1.2" in b.note
+    assert "skipped: 1.1" in b.note
+    assert b.fix is not None and (b.fix.last_bad, b.fix.first_good) == ("1.2", "1.3")
+    assert [c.unified_diff for c in b.fix.changes] == ["-1.2\n+1.3\n"]     # older to newer: what the fix changed
+    assert Report.load(result.paths["json"]) == result.report
+    assert "last good 1.0 · first bad 1.2" in result.paths["md"].read_text()
+    assert 'id="bisect"' in result.paths["html"].read_text()

@@ -1,4 +1,4 @@
-"""Stage 1 storage: TraceWriter + ModuleTracer on a tiny hand-made model, read back through Trace.
+"""The capture stage's storage: TraceWriter + ModuleTracer on a tiny hand-made model, read back through Trace.
 
 The model mimics the shapes of a serving engine's forward pass: flat ``[tokens, hidden]`` activations, decoder
 layers with Linear children, one parameter-free module object shared by both layers (like vLLM's rotary_emb),

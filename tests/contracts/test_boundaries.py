@@ -87,8 +87,8 @@ def test_the_contracts_and_the_server_import_nothing_heavy_at_module_level():
     modules = _modules()
     light = [m for m in modules if m.startswith("ekka_core.contracts")] + \
         ["server.server", "server.protocol", "server.jobs", "server.present", "server.settings",
-         "ekka_core.remote", "ekka_core.remote.host", "ekka_core.remote.host_probe", "ekka_core.remote.host_install",
-         "ekka_core.align.sandbox_child"]
+         "ekka_core.remote", "ekka_core.remote.diagnosis", "ekka_core.remote.host", "ekka_core.remote.host_probe",
+         "ekka_core.remote.host_install", "ekka_core.align.sandbox_child"]
     problems = []
     for module in light:
         tree = ast.parse(modules[module].read_text(encoding="utf-8"))
@@ -123,16 +123,16 @@ import json, sys, tempfile, pathlib
 import server.server as srv
 from server.settings import Settings
 from server.present import Result, diagnostics
-from ekka_core.contracts.report import headline, short_headline
+from ekka_core.contracts.report import Report, headline, short_headline
 d = pathlib.Path(tempfile.mkdtemp())
 (d / "s.ekka.toml").write_text('model = "m"\nprompts = ["p"]\n')
 (d / "r.py").write_text('from vllm import LLM\nLLM(model="m").generate("hi")\n')
 srv.resolve_spec({}, str(d / "s.ekka.toml"), str(d))
 srv.resolve_spec({}, str(d / "r.py"), str(d))
 Settings().update({"settings": [{"workspace": str(d), "engineArgs": {"max_num_seqs": 2}}]})
-report = {"verdict": "divergent", "checked": 1, "threshold": 2.0, "suspects": [
+report = Report.from_json({"verdict": "divergent", "checked": 1, "threshold": 2.0, "suspects": [
     {"rank": 1, "target": {"module": "m.a", "class": "A", "file": str(d / "r.py"), "line": 1},
-     "reference": {"modules": ["m.a"]}, "error_ratio": 9.0, "onset_token": 0, "evidence": "x"}]}
+     "reference": {"modules": ["m.a"]}, "error_ratio": 9.0, "onset_token": 0, "evidence": "x"}]})
 headline(report), short_headline(report)
 diagnostics(Result("j", report, modules={}, paths={}, out_dir=str(d), uri=None), lambda p, l: None)
 from server.protocol import heavy_modules

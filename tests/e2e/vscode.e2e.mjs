@@ -8,6 +8,14 @@
 // "#1 Attention …" → clicking it opens vLLM's attention.py at the class line with the error squiggle and the code
 // lens → the hover shows the table → the code lens opens the webview with the plots → the "called from" row opens
 // gemma3.py at the call line.
+// Then an inconclusive diagnosis (issues 22/23): inconclusive.ekka.toml (the tiny Llama) diagnosed by an engine that
+// cannot map any component — the mapping rules, the knowledge base and the agent switched off (EKKA_MAPPING_RULES=off,
+// EKKA_KNOWLEDGE_BASE=off, EKKA_AGENT=0; its traces captured once beforehand, like the demo's) → the Silent errors
+// view shows "Verdict: inconclusive" (a warning), "Not observed" and "Not checked (N)", the status bar and the
+// divergence page the server's headline "inconclusive: could not observe modules"; screenshot
+// media/inconclusive-view.png. The switches reach only that job's engine through ekka.interpreter, switched to a
+// wrapper that sets them: the extension forwards no EKKA_* variable but EKKA_INJECT_BUG (diagnosis.ts FORWARDED_ENV),
+// and the extension host's environment — which the server and its engines inherit — is the demo's too.
 import { spawn, spawnSync } from "node:child_process";
 import * as fs from "node:fs";
 import * as net from "node:net";
@@ -26,7 +34,7 @@ const ekka = path.join(root, ".venv", "bin", "ekka");
 const media = process.env.EKKA_E2E_SCREENSHOTS ? path.resolve(root, process.env.EKKA_E2E_SCREENSHOTS)
   : path.join(root, "build", "e2e", "screenshots");
 const BUG = "gemma3-sliding-window-every-layer";
-const LIMIT_MS = 270_000;
+const LIMIT_MS = 420_000;
 
 const t0 = Date.now();
 const timings = [];
@@ -109,6 +117,34 @@ async function main() {
       toToml({ ...demoReport.spec, model: zooModel }),
   );
   fs.writeFileSync(path.join(ws, ".vscode", "settings.json"), JSON.stringify({ "ekka.interpreter": python }, null, 1));
+
+  // 2b. the inconclusive spec: the tiny Llama, no component mapped (the rules, the knowledge base and the agent off);
+  // its traces captured once here (the engine forwards EKKA_INJECT_BUG to every job, so the traces are captured with
+  // it too, and reused by the editor's job)
+  step("pre-running the inconclusive diagnosis (ekka diagnose, exit 4)");
+  const blindEnv = { EKKA_MAPPING_RULES: "off", EKKA_KNOWLEDGE_BASE: "off", EKKA_AGENT: "0" };
+  const blindPython = path.join(tmp, "python-unmapped");
+  fs.writeFileSync(blindPython, "#!/bin/sh\n# the engine with no component mapped: an inconclusive diagnosis\n" +
+    `export ${Object.entries(blindEnv).map(([k, v]) => `${k}='${v}'`).join(" ")}\nexec '${python}' "$@"\n`, { mode: 0o755 });
+  const llama = run(ekka, ["zoo", "llama"], { cwd: root }).stdout.trim().split("\n").pop();
+  const incSpec = path.join(ws, "inconclusive.ekka.toml");
+  fs.writeFileSync(incSpec, "# the tiny Llama; the engine here cannot map any component (an inconclusive diagnosis)\n" +
+    toToml({ model: llama, prompts: ["hi"], max_new_tokens: 2, engine_args: { enforce_eager: true } }));
+  const incOut = path.join(e2eDir, "inconclusive-out");
+  const inc = run(ekka, ["diagnose", "--spec", incSpec, "--out", incOut], {
+    cwd: root, env: { ...process.env, ...blindEnv, EKKA_INJECT_BUG: BUG },
+  });
+  if (inc.status !== 4) {
+    throw new Error(`ekka diagnose (inconclusive) exited ${inc.status} (want 4: inconclusive)\n${inc.stdout}\n${inc.stderr}`);
+  }
+  const incReport = JSON.parse(fs.readFileSync(path.join(incOut, "report.json"), "utf8"));
+  check(incReport.verdict === "inconclusive" && incReport.missing.length > 0 && incReport.unchecked.length > 0,
+    `ekka diagnose: inconclusive, ${incReport.unchecked.length} components not checked`);
+  // what the server's job message and headline say of it (short_headline: the checks that could not observe)
+  const incHeadline = "inconclusive: could not observe modules";
+  check(incReport.checks.filter((c) => c.status === "inconclusive").map((c) => c.check).join() === "modules",
+    "the modules check is the one that could not observe");
+  fs.symlinkSync(incOut, path.join(ws, "ekka-out", "inconclusive"));
   fs.mkdirSync(path.join(userData, "User"), { recursive: true });
   fs.writeFileSync(
     path.join(userData, "User", "settings.json"),
@@ -198,16 +234,7 @@ async function main() {
 
   // 6. right-click → Diagnose silent error
   step("Explorer context menu → Diagnose silent error");
-  await explorerRow.click({ button: "right" });
-  const menuItem = page.locator(".context-view .action-label", { hasText: "Diagnose silent error" });
-  await menuItem.waitFor({ timeout: 15_000 });
-  check(true, "the Explorer context menu offers “Diagnose silent error” on demo.ekka.toml");
-  // VS Code's web menus act on mouseup after a hover; a plain click right after the menu opens can be lost.
-  await menuItem.hover();
-  await page.waitForTimeout(300);
-  await menuItem.click();
-  const closed = await menuItem.waitFor({ state: "hidden", timeout: 2_000 }).then(() => true, () => false);
-  if (!closed) await page.keyboard.press("Enter"); // the click was lost; the hovered item is the focused one
+  await diagnoseFromExplorer(explorerRow, "demo.ekka.toml");
 
   const toast = page.locator(".notification-toast", { hasText: "Ekka: diagnosing demo.ekka.toml" });
   await toast.waitFor({ timeout: 20_000 });
@@ -224,15 +251,19 @@ async function main() {
   const top = page.locator('.monaco-list-row[aria-label^="#1 Attention"]');
   await top.waitFor({ timeout: 150_000 });
   const topText = await top.innerText();
-  check(/#1 Attention/.test(topText) && /×/.test(topText) && /from token \d+/.test(topText), `tree row: “${topText.replace(/\s+/g, " ")}”`);
+  // the description is the finding's summary, as the report words it
+  check(/#1 Attention/.test(topText) && topText.includes(demoReport.suspects[0].summary), `tree row: “${topText.replace(/\s+/g, " ")}”`);
+  const verdictRow = page.locator('.monaco-list-row[aria-label^="Verdict: divergent"]');
+  check(await verdictRow.count() === 1, `tree row: “${(await verdictRow.getAttribute("aria-label")) ?? "none"}”`);
   check(await page.locator(".pane-header", { hasText: /Silent errors/i }).count() > 0, "the view is titled “Silent errors”");
   // the report's `serving` section: a "Served configuration" row above the suspects
   check(Boolean(demoReport.serving), "the demo report has a serving section (the served configuration's check)");
   const servingRow = page.locator('.monaco-list-row[aria-label^="Served configuration: "]');
   const servingRows = await servingRow.count();
   check(servingRows === 1, `tree row: “${servingRows ? await servingRow.getAttribute("aria-label") : "none"}”`);
-  const [servingBox, topBox] = [await servingRow.boundingBox(), await top.boundingBox()];
-  check(servingBox && topBox && servingBox.y < topBox.y, "the Served configuration row is above #1 Attention");
+  const [verdictBox, servingBox, topBox] = [await verdictRow.boundingBox(), await servingRow.boundingBox(), await top.boundingBox()];
+  check(verdictBox && servingBox && topBox && verdictBox.y < servingBox.y && servingBox.y < topBox.y,
+    "the Verdict row is first, the Served configuration row above #1 Attention");
   const second = page.locator('.monaco-list-row[aria-label^="#2 "]');
   check(await second.count() === 1, `a #2 suspect is listed (${(await second.getAttribute("aria-label")) ?? "?"})`);
   await toast.waitFor({ state: "detached", timeout: 15_000 });
@@ -326,6 +357,90 @@ async function main() {
   }
   check(!entries.some((e) => e.startsWith("Ekka: Open source")), "internal commands are not in the palette");
   await page.keyboard.press("Escape");
+
+  // 13. an inconclusive diagnosis: the engine (a wrapper interpreter setting blindEnv) cannot map any component
+  step("ekka.interpreter → the wrapper that maps nothing (the server restarts)");
+  const spinning = page.locator(".statusbar-item", { has: page.locator(".codicon-sync") }).filter({ hasText: "Ekka" });
+  fs.writeFileSync(path.join(ws, ".vscode", "settings.json"), JSON.stringify({ "ekka.interpreter": blindPython }, null, 1));
+  await spinning.first().waitFor({ timeout: 15_000 }).catch(() => undefined); // the restart may be quicker than a poll
+  await spinning.first().waitFor({ state: "detached", timeout: 60_000 });
+  await page.locator(".statusbar-item", { has: page.locator(".codicon-bug") }).first().waitFor({ timeout: 30_000 });
+  check(true, "the server restarted (status bar back to the last job)");
+
+  step("Explorer context menu → Diagnose silent error on inconclusive.ekka.toml");
+  const incRow = page.locator(".explorer-folders-view .monaco-list-row", { hasText: "inconclusive.ekka.toml" });
+  if (!(await incRow.isVisible())) {
+    // the Silent errors view took the side bar: back to the Explorer (its activity bar item, else its key binding)
+    const explorer = page.locator(".activitybar .action-item .action-label[aria-label^='Explorer']").first();
+    if (await explorer.count()) await explorer.click();
+    else await page.keyboard.press("Control+Shift+E");
+  }
+  await incRow.waitFor({ timeout: 20_000 });
+  await diagnoseFromExplorer(incRow, "inconclusive.ekka.toml");
+  await page.locator(".notification-toast", { hasText: "Ekka: diagnosing inconclusive.ekka.toml" }).waitFor({ timeout: 20_000 });
+  check(true, "progress notification “Ekka: diagnosing inconclusive.ekka.toml”");
+
+  step("waiting for the inconclusive report → Silent errors tree");
+  const incVerdict = page.locator('.monaco-list-row[aria-label^="Verdict: inconclusive"]');
+  await incVerdict.waitFor({ timeout: 120_000 });
+  check(await incVerdict.locator(".codicon-warning").count() === 1, `tree row: “${await incVerdict.getAttribute("aria-label")}” (a warning icon)`);
+  const notObserved = page.locator('.monaco-list-row[aria-label^="Not observed"]');
+  check(await notObserved.count() === 1, "a “Not observed” node");
+  const missingRow = page.locator(`.monaco-list-row[aria-label="${incReport.missing[0].replace(/"/g, '\\"')}"]`);
+  check(await missingRow.count() === 1, "under it, what was not observed and the fix, in the report's words");
+  const notChecked = page.locator(`.monaco-list-row[aria-label="Not checked (${incReport.unchecked.length})"]`);
+  check(await notChecked.count() === 1, `a “Not checked (${incReport.unchecked.length})” node`);
+  const modulesCheck = page.locator('.monaco-list-row[aria-label^="? modules: inconclusive"]');
+  check(await modulesCheck.count() === 1, "the Checks node lists “? modules: inconclusive — …”");
+  check(await page.locator('.monaco-list-row[aria-label^="#1 "]').count() === 0, "no suspect is listed");
+  const incStatus = page.locator(".statusbar-item", { has: page.locator(".codicon-warning") })
+    .filter({ hasText: `Ekka: ${incHeadline}` });
+  await incStatus.first().waitFor({ timeout: 15_000 });
+  check(true, `status bar: “${(await incStatus.first().innerText()).trim()}”`);
+  // a wider side bar for the screenshot, so that the rows' texts show (drag the sash at its right edge)
+  const side = await page.locator(".part.sidebar").boundingBox();
+  if (side) {
+    await page.mouse.move(side.x + side.width - 1, side.y + side.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(side.x + side.width + 420, side.y + side.height / 2, { steps: 8 });
+    await page.mouse.up();
+  }
+  await page.mouse.move(5, 5);
+  await page.waitForTimeout(300);
+  await page.screenshot({ path: path.join(media, "e2e-inconclusive.png") });
+  await page.screenshot({ path: path.join(root, "media", "inconclusive-view.png") });
+  await notChecked.click();
+  const firstUnchecked = incReport.unchecked[0];
+  const uncheckedRow = page.locator(`.monaco-list-row[aria-label="${firstUnchecked.module}: ${firstUnchecked.reason}"]`);
+  await uncheckedRow.waitFor({ timeout: 10_000 });
+  check(true, `“Not checked” unfolds to one row per component (“${firstUnchecked.module}: ${firstUnchecked.reason}”)`);
+  check(await page.locator(".editor-group-container.active .monaco-editor .squiggly-error").count() === 0,
+    "no error squiggle: an inconclusive report blames no source line");
+
+  step("command palette: Ekka: Show divergence → the inconclusive report's page");
+  await page.keyboard.press("F1");
+  await input.waitFor({ timeout: 10_000 });
+  await input.fill(">Ekka: Show divergence");
+  await rows.first().waitFor({ timeout: 10_000 });
+  await page.waitForTimeout(300);
+  await page.keyboard.press("Enter");
+  const heading = frame.locator("#verdict.verdict-inconclusive");
+  await heading.waitFor({ timeout: 20_000 });
+  check((await heading.innerText()).trim() === incHeadline, `webview heading: “${incHeadline}” (the server's headline)`);
+}
+
+/** Right-click `row` in the Explorer → "Diagnose silent error". */
+async function diagnoseFromExplorer(row, name) {
+  await row.click({ button: "right" });
+  const menuItem = page.locator(".context-view .action-label", { hasText: "Diagnose silent error" });
+  await menuItem.waitFor({ timeout: 15_000 });
+  check(true, `the Explorer context menu offers “Diagnose silent error” on ${name}`);
+  // VS Code's web menus act on mouseup after a hover; a plain click right after the menu opens can be lost.
+  await menuItem.hover();
+  await page.waitForTimeout(300);
+  await menuItem.click();
+  const closed = await menuItem.waitFor({ state: "hidden", timeout: 2_000 }).then(() => true, () => false);
+  if (!closed) await page.keyboard.press("Enter"); // the click was lost; the hovered item is the focused one
 }
 
 function dumpLogs() {

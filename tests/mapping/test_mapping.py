@@ -1,4 +1,4 @@
-"""Stage 3: component mapping between hand-built Model Trees that mimic vLLM (fused) and HF (literal) Llama.
+"""The mapping stage: component mapping between hand-built Model Trees that mimic vLLM (fused) and HF (literal) Llama.
 
 GQA shapes as in the zoo: hidden 256, 4 heads × 64, 2 KV heads × 64 → q 256, k 128, v 128; intermediate 512.
 """

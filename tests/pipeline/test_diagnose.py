@@ -15,6 +15,8 @@ from ekka_core import bugs
 from ekka_core.align import Traces, prove_alignment
 from ekka_core.capture.trace import Trace
 from ekka_core.contracts.errors import BadInput
+from ekka_core.contracts.report import Report
+from ekka_core.contracts.report import headline
 from ekka_core.pipeline import diagnose
 from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.zoo import SLIDING_WINDOW, tokenizer_without_bos
@@ -23,7 +25,7 @@ from ekka_core.capture.vllm_config import traced_baseline
 pytestmark = pytest.mark.slow
 
 
-def _diagnose_bug(name: str, zoo_model, out: Path) -> dict:
+def _diagnose_bug(name: str, zoo_model, out: Path) -> Report:
     bug = bugs.get(name)
     model = str(zoo_model(bug.arch, **bug.zoo_overrides))
     # Served as the traced baseline (one engine run): these tests are about module-level blame; the served
@@ -34,41 +36,48 @@ def _diagnose_bug(name: str, zoo_model, out: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def demo_report(zoo_model, tmp_path_factory) -> tuple[dict, Path]:
+def demo_report(zoo_model, tmp_path_factory) -> tuple[Report, Path]:
     out = tmp_path_factory.mktemp("demo")
     return _diagnose_bug("gemma3-sliding-window-every-layer", zoo_model, out), out
 
 
 def test_sliding_window_bug_blames_the_global_attention_layer(demo_report):
     report, _ = demo_report
-    assert report["schema"] == "ekka.report/1"
-    assert report["verdict"] == "divergent"
-    top = report["suspects"][0]
-    assert top["rank"] == 1
-    assert top["target"]["module"] == "model.layers.3.self_attn.attn"   # layer 3 is the only global layer
-    assert top["target"]["class"] == "Attention"
+    assert report.schema == "ekka.report/1"
+    assert report.verdict == "divergent"
+    top = report.suspects[0]
+    assert top.rank == 1
+    assert top.target.module == "model.layers.3.self_attn.attn"   # layer 3 is the only global layer
+    assert top.target.cls == "Attention"
     # The divergence starts once the sequence is longer than the window, not before.
-    assert top["onset_token"] == SLIDING_WINDOW
-    assert report["threshold"] == 2.0 and top["error_ratio"] > 3 * report["threshold"]
+    assert top.onset_token == SLIDING_WINDOW
+    assert report.threshold == 2.0 and top.error_ratio > 3 * report.threshold
     # Line-level localisation in the engine's installed source.
-    src = Path(top["target"]["file"]).read_text().splitlines()
-    assert "vllm" in top["target"]["file"]
-    assert re.match(r"\s*class Attention\b", src[top["target"]["line"] - 1])
+    src = Path(top.target.file).read_text().splitlines()
+    assert "vllm" in top.target.file
+    assert re.match(r"\s*class Attention\b", src[top.target.line - 1])
+    # The re-injected bug is said on every surface, never passed off as the engine's own behaviour.
+    assert report.meta.injected_bug == "gemma3-sliding-window-every-layer"
+    assert "re-injected benchmark bug 'gemma3-sliding-window-every-layer'" in headline(report)
+    assert report.notes[0].startswith("EKKA_INJECT_BUG=gemma3-sliding-window-every-layer was set")
+    # Every check that ran is listed, and the ones that decide say so.
+    status = {c.check: c.status for c in report.checks}
+    assert status["modules"] == "diverges" and status["inputs"] == "agrees" and status["non-finite"] == "agrees"
 
 
 def test_layers_before_the_bug_are_within_noise(demo_report):
     report, _ = demo_report
-    series = report["plots"]["series"]
-    cp = report["plots"]["change_point"]
-    assert series[cp]["component"] == "model.layers.3.self_attn.attn"
-    assert max(s["error_ratio"] for s in series[:cp]) <= report["threshold"]
+    series = report.plots.series
+    cp = report.plots.change_point
+    assert series[cp].component == "model.layers.3.self_attn.attn"
+    assert max(s.error_ratio for s in series[:cp]) <= report.threshold
 
 
 def test_traces_are_reused_when_inputs_are_unchanged(demo_report, zoo_model):
     report, out = demo_report
     again = _diagnose_bug("gemma3-sliding-window-every-layer", zoo_model, out)
-    assert again["meta"]["reused_traces"] is True
-    assert again["suspects"][0]["target"]["module"] == report["suspects"][0]["target"]["module"]
+    assert again.meta.reused_traces is True
+    assert again.suspects[0].target.module == report.suspects[0].target.module
 
 
 def test_alignment_proof_refuses_traces_of_different_prompts(demo_report, zoo_model, tmp_path):
@@ -86,8 +95,8 @@ def test_alignment_proof_refuses_traces_of_different_prompts(demo_report, zoo_mo
 @pytest.mark.parametrize("name", ["gemma-exact-gelu", "gemma-untied-lm-head"])
 def test_reinjected_bug_is_ranked_first(name, zoo_model, tmp_path):
     report = _diagnose_bug(name, zoo_model, tmp_path)
-    assert report["verdict"] == "divergent"
-    assert bugs.matches(bugs.get(name), report["suspects"][0]["target"]["module"]), report["suspects"]
+    assert report.verdict == "divergent"
+    assert bugs.matches(bugs.get(name), report.suspects[0].target.module), report.suspects
 
 
 def test_missing_bos_gives_inputs_differ(zoo_model, tmp_path):
@@ -95,20 +104,20 @@ def test_missing_bos_gives_inputs_differ(zoo_model, tmp_path):
     spec = DiagnosisSpec(model=str(model), prompts=bugs.DEFAULT_PROMPTS, max_new_tokens=2,
                          engine_args={**traced_baseline(str(model)), "tokenizer": str(tokenizer_without_bos(model))})
     report = diagnose(spec, tmp_path).report
-    assert report["verdict"] == "inputs-differ"
-    assert report["suspects"] == []
-    first = report["inputs_differ"][0]
-    assert first["position"] == 0 and first["reference"][0] == 1 and first["target"][0] != 1   # BOS id 1
+    assert report.verdict == "inputs-differ"
+    assert report.suspects == []
+    first = report.inputs_differ[0]
+    assert first.position == 0 and first.reference[0] == 1 and first.target[0] != 1   # BOS id 1
 
 
 def test_decode_only_bug_starts_at_the_first_decode_step(zoo_model, tmp_path):
     bug = bugs.get("decode-attention-kernel-wrong-scale")
     report = _diagnose_bug(bug.name, zoo_model, tmp_path)
-    top = report["suspects"][0]
-    assert bugs.matches(bug, top["target"]["module"]), report["suspects"]
-    assert top["onset_phase"] == "decode:1"
+    top = report.suspects[0]
+    assert bugs.matches(bug, top.target.module), report.suspects
+    assert top.onset_phase == "decode:1"
     prompt_lens = [len(ids) for ids in Trace(tmp_path / "traces/target").run.own_prompt_token_ids]
-    assert top["onset_token"] in prompt_lens           # the first generated position of one of the prompts
+    assert top.onset_token in prompt_lens           # the first generated position of one of the prompts
 
 
 def test_a_trace_restricted_to_late_positions_still_finds_the_bug_and_holds_only_those_rows(zoo_model, tmp_path,
@@ -120,8 +129,8 @@ def test_a_trace_restricted_to_late_positions_still_finds_the_bug_and_holds_only
     spec = DiagnosisSpec(model=model, prompts=bugs.DEFAULT_PROMPTS, dtype=bug.dtype, max_new_tokens=4,
                          trace_positions="12-", engine_args=traced_baseline(model))
     report = diagnose(spec, tmp_path, env={bugs.ENV_VAR: bug.name}).report
-    top = report["suspects"][0]
-    assert top["target"]["module"] == "model.layers.3.self_attn.attn" and top["onset_token"] == SLIDING_WINDOW
+    top = report.suspects[0]
+    assert top.target.module == "model.layers.3.self_attn.attn" and top.onset_token == SLIDING_WINDOW
     for name in ("target", "reference", "reference-fp32"):
         trace = Trace(tmp_path / "traces" / name)
         assert trace.run.trace_options["positions"] == "12-"

@@ -16,6 +16,7 @@ import pytest
 
 from ekka_core import zoo
 from ekka_core.contracts.errors import BadInput
+from ekka_core.zoo import recipes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARCHS = zoo.known_architectures()
@@ -62,11 +63,11 @@ def test_recipe_hash_is_stable_and_tracks_recipes_and_overrides(monkeypatch):
     assert edited != base
     monkeypatch.undo()
     assert zoo.recipe_hash("llama") == base
-    monkeypatch.setitem(zoo._BASE, "num_hidden_layers", 3)
+    monkeypatch.setitem(recipes._BASE, "num_hidden_layers", 3)
     assert zoo.recipe_hash("llama") != base
     monkeypatch.undo()
 
-    monkeypatch.setattr(zoo, "ZOO_VERSION", zoo.ZOO_VERSION + 1)
+    monkeypatch.setattr(recipes, "ZOO_VERSION", zoo.ZOO_VERSION + 1)
     assert zoo.recipe_hash("llama") != base
 
 

@@ -3,12 +3,12 @@ every mapped pair (the strongest check that mapping and aligners are right), and
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from ekka_core.align import Traces, align
 from ekka_core.capture.trace import Trace
+from ekka_core.contracts.alignment import ALIGNMENT_FAILED
+from ekka_core.contracts.report import Report
 from ekka_core.mapping import Mapping, map_components
 from ekka_core.tree import build_tree
 from ekka_core.zoo import known_architectures
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 ARCHS = known_architectures()
 
 
-def _report(out):
-    return json.loads((out / "report.json").read_text())
+def _report(out) -> Report:
+    return Report.load(out / "report.json")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -26,20 +26,20 @@ def test_clean_bf16_run_is_consistent(arch, clean_diagnosis):
     code, out = clean_diagnosis(arch, "bfloat16")
     assert code == 0, (out / "cli.log").read_text()[-2000:]
     report = _report(out)
-    assert report["verdict"] == "consistent" and report["threshold"] == 2.0
-    assert all(s["error_ratio"] <= report["threshold"] for s in report["plots"]["series"])
+    assert report.verdict == "consistent" and report.threshold == 2.0
+    assert all(s.error_ratio <= report.threshold for s in report.plots.series)
     # the served configuration ran too, untraced, and matches the reference at the logits level
-    served = report["serving"]["served"]
-    assert served["diverges"] is False and served["positions"] and report["conventions"] == []
+    served = report.serving.served
+    assert served.diverges is False and served.positions and report.conventions == []
     if arch == "qwen3_moe":
         # These prompts route some tokens on a tie within bf16 rounding: the noise floor of both checks also holds
         # the reference routed the other way there (the traced one scored by a reference run of its own).
-        traced = report["serving"]["traced"]
-        assert served["rerouted_tokens"] > 0 and traced["rerouted_tokens"] > 0, (served["note"], traced["note"])
-        assert "routed to their next expert" in served["note"]
+        traced = report.serving.traced
+        assert served.rerouted_tokens > 0 and traced.rerouted_tokens > 0, (served.note, traced.note)
+        assert "routed to their next expert" in served.note
         assert "routed to their next expert" in (out / "report.md").read_text()      # said in the report, too
     # every mapped pair was actually compared: no alignment failed
-    assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []
+    assert [u for u in report.unchecked if u.reason.startswith(ALIGNMENT_FAILED)] == []
     # the mapping is complete: nothing is left unexplained
     assert Mapping.load(out / "mapping.json").validate(build_tree(Trace(out / "traces/target")).modules) == []
 
@@ -49,13 +49,13 @@ def test_fp32_target_matches_fp32_reference_for_every_pair(arch, clean_diagnosis
     code, out = clean_diagnosis(arch, "float32")
     assert code == 0, (out / "cli.log").read_text()[-2000:]
     report = _report(out)
-    assert report["threshold"] == 2.0
-    series = report["plots"]["series"]
+    assert report.threshold == 2.0
+    series = report.plots.series
     assert len(series) >= 40
-    assert [u for u in report["unchecked"] if u["reason"] == "alignment failed"] == []
-    worst = max(series, key=lambda s: s["error_ratio"])
+    assert [u for u in report.unchecked if u.reason.startswith(ALIGNMENT_FAILED)] == []
+    worst = max(series, key=lambda s: s.error_ratio)
     # In fp32 the ratio is ‖X_T − Y_R‖ / (1e-5·‖Y_R‖): ≤ threshold means within 2e-5 relative, for every pair.
-    assert worst["error_ratio"] <= report["threshold"], worst
+    assert worst.error_ratio <= report.threshold, worst
     # Every request (two prompts of different lengths, a chat) and both phases were compared: prefill and decode.
     target = Trace(out / "traces/target")
     positions = {(s, p) for step in target.steps for s, p in zip(step.seq, step.pos)}

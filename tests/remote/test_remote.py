@@ -20,6 +20,7 @@ import pytest
 
 from ekka_core import bugs
 from ekka_core.contracts.errors import BadInput, InternalFailure
+from ekka_core.contracts.report import Report
 from ekka_core.remote import RemoteCancelled, parse_host_url, run_remote_diagnosis, run_remote_diagnosis_async
 from ekka_core.remote.client import _run_name
 from ekka_core.contracts.spec import DiagnosisSpec
@@ -73,8 +74,8 @@ def demo(sshd, remote, demo_spec, tmp_path_factory):
     return result, events, out, time.perf_counter() - t0
 
 
-def _rank1(report: dict) -> str:
-    return report["suspects"][0]["target"]["module"]
+def _rank1(report: Report) -> str:
+    return report.suspects[0].target.module
 
 
 # --- refusals (no remote work) ------------------------------------------------------------------------------------
@@ -96,8 +97,8 @@ def test_engine_bundle_holds_what_the_host_runs_and_not_the_client_only_code():
 
     bundle = build_bundle()
     names = set(tarfile.open(fileobj=io.BytesIO(bundle.data), mode="r:xz").getnames())
-    assert {"ekka_core/pipeline.py", "ekka_core/remote/host.py", "ekka_core/capture/vllm_plugin.py",
-            "ekka_core/align/sandbox_child.py"} <= names
+    assert {"ekka_core/pipeline.py", "ekka_core/remote/host.py", "ekka_core/remote/diagnosis.py",
+            "ekka_core/capture/vllm_plugin.py", "ekka_core/align/sandbox_child.py"} <= names
     assert any(n.startswith("ekka_core/agent/knowledge/") and n.endswith(".json") for n in names)
     assert not {f"ekka_core/{m}" for m in CLIENT_ONLY} & names
     assert not any(n.startswith("ekka_core/repro/") for n in names)          # the importer's whole folder
@@ -171,7 +172,7 @@ async def test_async_api_inside_an_event_loop(sshd, remote, tmp_path):
 def test_remote_demo_diagnosis_ranks_the_global_attention_layer(demo, remote):
     result, events, out, seconds = demo
     report = result.report
-    assert report["verdict"] == "divergent"
+    assert report.verdict == "divergent"
     assert _rank1(report) == "model.layers.3.self_attn.attn"
     # The engine ran from the zip deployed into the remote workdir, not from this checkout.
     engine = Path(remote["remote_workdir"]) / "engine"
@@ -185,7 +186,8 @@ def test_remote_demo_diagnosis_ranks_the_global_attention_layer(demo, remote):
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.html", "mapping.json",
                                                "remote-summary.json", "remote.json"}
     assert Path(result.remote.out_dir, "traces", "target").is_dir()
-    assert report["meta"]["remote"]["out_dir"] == result.remote.out_dir
+    assert report.meta.remote["out_dir"] == result.remote.out_dir
+    assert Report.load(out / "report.json") == report          # saved with meta.remote
     stages = [s for s, _ in events]
     assert stages[0] == "capture" and stages[-1] == "report"
     assert {"tree", "mapping", "align", "analysis"} <= set(stages)
@@ -231,7 +233,7 @@ def test_dropped_connection_is_reported_and_a_rerun_resumes(demo, demo_spec, ssh
     events: list[tuple[str, str]] = []
     again = run_remote_diagnosis(spec, sshd.url, out_dir_local=tmp_path / "out", env=env,
                                  progress=lambda s, m: events.append((s, m)), **remote)
-    assert again.remote.reused_traces and again.report["meta"]["reused_traces"] is True
+    assert again.remote.reused_traces and again.report.meta.reused_traces is True
     finished = [json.loads(line) for line in events_log.read_text().splitlines()]
     assert [ev.get("detached") for ev in finished if ev["event"] == "done"][-2:] == [True, False]
     assert _rank1(again.report) == "model.layers.3.self_attn.attn"
@@ -306,8 +308,9 @@ def test_language_server_worker_runs_the_diagnosis_on_the_executor_host(sshd, re
     replies = [_json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     final = next(r for r in replies if r.get("id") == 1)
     assert "result" in final, final
-    report = final["result"]["report"]
-    assert _rank1(report) == "model.layers.3.self_attn.attn"
+    report = final["result"]["report"]                 # the wire payload (JSON), as the language server reads it
+    assert report["suspects"][0]["target"]["module"] == "model.layers.3.self_attn.attn"
     assert report["meta"]["remote"]["reused_traces"] is True            # the module's remote capture, reused
+    assert Report.from_json(report).meta.remote["reused_traces"] is True
     assert any(r.get("method") == "progress" for r in replies)
     assert (tmp_path / "out" / "report.json").exists()

@@ -1,4 +1,4 @@
-"""Stage 6: report.json follows the ekka.report/1 contract (DESIGN.md), and the Markdown / self-contained HTML
+"""The report stage: report.json follows the ekka.report/1 contract (DESIGN.md), and the Markdown / self-contained HTML
 renderings show the suspects, the change point and the layer × position heat map."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from ekka_core.analysis import PairResult, Ranking, Suspect
+from ekka_core.contracts.report import InputsDiffer, Report, RunMeta, Unchecked
+from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.report import SCHEMA, build_report, headline, plot_data, write_report
 
 ATTN = "model.layers.1.self_attn.attn"
@@ -46,16 +48,16 @@ def _ranking() -> Ranking:
                 None, [], float("nan"), None, None, None, "encloses the top suspect"),
     ]
     return Ranking("divergent", 2.0, "bfloat16", pairs, suspects, change_point=2,
-                   unchecked=[{"module": "model.layers.0.self_attn.rotary_emb", "reason": "checked through attn"}],
+                   unchecked=[Unchecked("model.layers.0.self_attn.rotary_emb", "checked through attn")],
                    notes=["post-logits sampling is outside per-module comparison"], prompt_lens=[N_POS])
 
 
-SPEC = {"model": "/models/tiny-llama", "prompts": ["hi"], "target": "vllm", "reference": "hf", "dtype": "bfloat16"}
+SPEC = DiagnosisSpec(model="/models/tiny-llama", prompts=["hi"], target="vllm", reference="hf", dtype="bfloat16")
 
 
 @pytest.fixture
-def written(tmp_path) -> tuple[dict, dict[str, Path]]:
-    report = build_report(_ranking(), spec=SPEC, meta={"ekka": "test"})
+def written(tmp_path) -> tuple[Report, dict[str, Path]]:
+    report = build_report(_ranking(), spec=SPEC, meta=RunMeta(ekka_version="test"))
     paths = write_report(report, tmp_path / "out" / "nested")
     return report, paths
 
@@ -77,7 +79,8 @@ def test_files_are_written(written):
 def test_json_follows_the_contract(written):
     report, paths = written
     data = _strict_json(paths["json"].read_text())
-    assert data == _strict_json(json.dumps(report))
+    assert data == _strict_json(json.dumps(report.to_json()))
+    assert Report.load(paths["json"]) == report          # the file reads back as the report it was written from
     assert data["schema"] == SCHEMA == "ekka.report/1"
     assert data["verdict"] in ("divergent", "consistent", "inputs-differ") and data["verdict"] == "divergent"
     assert [s["rank"] for s in data["suspects"]] == [1, 2]
@@ -103,7 +106,9 @@ def test_unknown_ratio_is_null_not_nan(written):
 
 def test_json_carries_spec_checked_count_unchecked_and_notes(written):
     data = _strict_json(written[1]["json"].read_text())
-    assert data["spec"] == SPEC and data["threshold"] == 2.0 and data["dtype"] == "bfloat16"
+    assert data["spec"]["model"] == SPEC.model and data["spec"]["prompts"] == SPEC.prompts
+    assert data["spec"]["target"] == "vllm" and data["spec"]["reference"] == "hf"
+    assert data["threshold"] == 2.0 and data["dtype"] == "bfloat16"
     assert data["checked"] == len(_ranking().pairs)
     assert data["unchecked"] == [{"module": "model.layers.0.self_attn.rotary_emb", "reason": "checked through attn"}]
     assert data["notes"] and data["inputs_differ"] == []
@@ -111,14 +116,14 @@ def test_json_carries_spec_checked_count_unchecked_and_notes(written):
 
 def test_plot_data_series_and_heatmap():
     plots = plot_data(_ranking())
-    assert [s["component"] for s in plots["series"]] == [p.component for p in _ranking().pairs]
-    assert plots["change_point"] == 2 and plots["series"][2]["component"] == ATTN
-    hm = plots["heatmap"]
-    assert hm["layers"] == LAYERS                       # decoder layers only, not the attn or logits pairs
-    assert hm["positions"] == list(range(N_POS))
-    assert len(hm["ratios"]) == len(LAYERS) and all(len(row) == N_POS for row in hm["ratios"])
-    assert hm["ratios"][2][ONSET - 1] == pytest.approx(1.0) and hm["ratios"][2][ONSET] == pytest.approx(35.0)
-    assert hm["ratios"][1] == [pytest.approx(50.0)] * N_POS   # max over the two sequences
+    assert [s.component for s in plots.series] == [p.component for p in _ranking().pairs]
+    assert plots.change_point == 2 and plots.series[2].component == ATTN
+    hm = plots.heatmap
+    assert hm.layers == LAYERS                          # decoder layers only, not the attn or logits pairs
+    assert hm.positions == list(range(N_POS))
+    assert len(hm.ratios) == len(LAYERS) and all(len(row) == N_POS for row in hm.ratios)
+    assert hm.ratios[2][ONSET - 1] == pytest.approx(1.0) and hm.ratios[2][ONSET] == pytest.approx(35.0)
+    assert hm.ratios[1] == [pytest.approx(50.0)] * N_POS      # max over the two sequences
 
 
 # --- Markdown -------------------------------------------------------------------------------------------------
@@ -234,10 +239,12 @@ def test_html_has_the_layer_by_position_heat_map(written):
 def test_html_shows_suspects_escaped(tmp_path):
     r = _ranking()
     r.suspects[0].evidence = "input <script>alert(1)</script> & more"
-    text = write_report(build_report(r, spec=SPEC, meta={}), tmp_path)["html"].read_text()
+    r.pairs[1].cls = "Layer<script>alert(2)</script>"      # a class name reaches the plot's tooltips
+    text = write_report(build_report(r, spec=SPEC, meta=RunMeta()), tmp_path)["html"].read_text()
     assert f"<code>{ATTN}</code>" in text and "layer.py:120" in text
     assert "<script>" not in text
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in text
+    assert f"<title>{LAYERS[0]} (Layer&lt;script&gt;alert(2)&lt;/script&gt;): " in text
 
 
 # --- other verdicts -------------------------------------------------------------------------------------------
@@ -245,11 +252,11 @@ def test_html_shows_suspects_escaped(tmp_path):
 def test_consistent_report(tmp_path):
     r = _ranking()
     r.verdict, r.suspects, r.change_point = "consistent", [], None
-    report = build_report(r, spec=SPEC, meta={})
+    report = build_report(r, spec=SPEC, meta=RunMeta())
     paths = write_report(report, tmp_path)
     data = _strict_json(paths["json"].read_text())
     assert data["verdict"] == "consistent" and data["suspects"] == []
-    assert headline(data).startswith("consistent") and str(len(r.pairs)) in headline(data)
+    assert headline(report).startswith("consistent") and str(len(r.pairs)) in headline(report)
     html_text = paths["html"].read_text()
     assert "<svg" in html_text and "change point:" not in html_text
     assert not any(a.get("stroke-dasharray") for t, a in _parse(html_text).tags if t == "line")
@@ -257,13 +264,15 @@ def test_consistent_report(tmp_path):
 
 def test_inputs_differ_report(tmp_path):
     r = Ranking("inputs-differ", 2.0, "bfloat16",
-                inputs_differ=[{"prompt": 0, "position": 0, "target": [5, 6, 7], "reference": [1, 5, 6, 7]}])
-    report = build_report(r, spec=SPEC, meta={})
+                inputs_differ=[InputsDiffer(prompt=0, request="0", input="prompt", position=0,
+                                            fed_from="the engine's tokenizer", target=[5, 6, 7],
+                                            reference=[1, 5, 6, 7])])
+    report = build_report(r, spec=SPEC, meta=RunMeta())
     paths = write_report(report, tmp_path)
     data = _strict_json(paths["json"].read_text())
     assert data["verdict"] == "inputs-differ" and data["suspects"] == [] and data["checked"] == 0
     assert data["inputs_differ"][0]["position"] == 0
-    assert "inputs-differ" in headline(data)
+    assert "inputs-differ" in headline(report)
     md = paths["md"].read_text()
     assert "at token 0" in md and "[1, 5, 6, 7]" in md
     assert "<svg" in paths["html"].read_text()
@@ -275,6 +284,88 @@ def test_infinite_ratio_is_reported_as_strict_json_and_html(tmp_path):
     r = _ranking()
     r.pairs[4].error_ratio = float("inf")        # target overflowed to inf: ‖X_T − Y_R‖ = inf
     r.suspects[0].error_ratio = float("inf")
-    paths = write_report(build_report(r, spec=SPEC, meta={}), tmp_path)
+    paths = write_report(build_report(r, spec=SPEC, meta=RunMeta()), tmp_path)
     _strict_json(paths["json"].read_text())
     assert "<svg" in paths["html"].read_text()
+
+
+# --- what ran: serving, triage, conventions, the agent; and the CLI's summary ------------------------------------
+
+def _served_report() -> Report:
+    from ekka_core.contracts.report import AgentSection, AgentUsage, EngineInfo, ServingSection
+    from ekka_core.contracts.report import Suspect as ReportSuspect
+    from ekka_core.contracts.report import TargetLocation
+    from ekka_core.contracts.serving import (ConfigChange, FactorDifference, PositionRatio, SymptomCheck, Trial,
+                                             Triage)
+
+    first = PositionRatio(request=1, position=7, ratio=40.0, token_matches_reference=False)
+    served = SymptomCheck(label="served", ratio=40.0, diverges=True, threshold=2.0, first=first, cached_tokens=12,
+                          positions=[PositionRatio(0, 6, 1.1, True), first], note="two tokens rerouted")
+    traced = SymptomCheck(label="traced", ratio=1.05, diverges=False, threshold=2.0,
+                          positions=[PositionRatio(0, 6, 1.0, True), PositionRatio(1, 7, 1.1, True)])
+    triage = Triage(served=served, baseline=traced,
+                    differing={"prefix_caching": FactorDifference(served=True, baseline=False)},
+                    ruled_out={"batching": "one request per step"},
+                    trials=[Trial(factors=["prefix_caching"], args={}, ratio=38.0, diverges=True, seconds=3.0),
+                            Trial(factors=[], args={}, ratio=None, diverges=None, error="engine <crashed>")],
+                    culprit=["prefix_caching"], words="prefix caching alone makes the difference",
+                    traced_under=["prefix_caching"])
+    serving = ServingSection(served_args={"model": "/m", "enable_prefix_caching": True},
+                             served_resolved={"compilation_mode": 0, "max_num_seqs": 4}, served=served, traced=traced,
+                             changes=[ConfigChange("enforce_eager", None, True, "hooks do not fire under replay")],
+                             triage=triage)
+    convention = ReportSuspect(rank=3, kind="convention", evidence="rounds <earlier> than the reference",
+                               target=TargetLocation(module="model.norm", cls="RMSNorm",
+                                                     file="/venv/site-packages/vllm/norm.py", line=9))
+    spec = DiagnosisSpec(model="/models/tiny-llama", prompts=["hi", "there"], max_new_tokens=5)
+    report = build_report(_ranking(), spec=spec, serving=serving,
+                          meta=RunMeta(target=EngineInfo(framework="vllm", version="0.32.0"),
+                                       reference=EngineInfo(framework="hf", version="5.19.0",
+                                                            attn_implementation="sdpa")),
+                          agent=AgentSection(status="complete", message="mapped 2",
+                                             usage=AgentUsage(calls=3, dollars=0.0125),
+                                             transcript={"markdown": "agent-transcript.md"}))
+    report.conventions = [convention]
+    report.suspects[0].target.call_file, report.suspects[0].target.call_line = "/venv/site-packages/vllm/llama.py", 77
+    return report
+
+
+def test_serving_triage_conventions_and_agent_are_rendered(tmp_path):
+    report = _served_report()
+    paths = write_report(report, tmp_path)
+    assert Report.load(paths["json"]) == report
+    md = paths["md"].read_text()
+    assert "**Served configuration** (enable_prefix_caching=True; the engine resolved: compile mode 0" in md
+    assert "up to 4 requests per step): **diverges** at the logits level (ratio 40.0, first at request 1 token 7; " \
+           "12 prompt tokens from the prefix cache) — two tokens rerouted" in md
+    assert "- **Traced configuration**: matches the reference at the logits level (ratio 1.05)" in md
+    assert "  - `enforce_eager` = `True` (served: `None`) — hooks do not fire under replay" in md
+    assert "prefix caching alone makes the difference" in md and "(False → True)" in md
+    assert "ruled out — one request per step" in md
+    assert "| baseline + prefix_caching | 38.0 | yes | 3 |" in md
+    assert "| baseline + nothing | n/a | engine <crashed> | 0 |" in md
+    assert "Culprit: prefix_caching; traced again with prefix_caching as served" in md
+    assert "- `model.norm` (RMSNorm, vllm/norm.py:9): rounds <earlier> than the reference" in md
+    assert "(called at vllm/llama.py:77)" in md
+    assert "- complete: mapped 2" in md and "- 3 API calls, $0.0125" in md and "agent-transcript.md" in md
+    text = paths["html"].read_text()
+    assert "engine &lt;crashed&gt;" in text and "rounds &lt;earlier&gt;" in text and "<crashed>" not in text
+    assert 'aria-label="logits-level ratio per sampled position"' in text
+    assert "called at <code>vllm/llama.py:77</code>" in text
+    assert "/models/tiny-llama · target vllm 0.32.0 vs reference hf 5.19.0 (sdpa) · bfloat16 · 2 prompt(s), " \
+           "5 new tokens" in text
+
+
+def test_cli_prints_the_report(tmp_path, capsys):
+    from ekka_core.cli import _print_report
+
+    report = _served_report()
+    paths = write_report(report, tmp_path)
+    _print_report(report, paths)
+    out = capsys.readouterr().out
+    assert headline(report) in " ".join(out.split())
+    assert "served configuration: diverges at the logits level (ratio 40.0)" in out
+    assert "traced configuration: matches at the logits level (ratio 1.05)" in out
+    assert "traced with: enforce_eager=True" in out
+    assert "triage (2 configurations tried): prefix caching alone makes the difference" in out
+    assert ATTN in out and "called from vllm/llama.py:77" in out and str(paths["json"]) in out

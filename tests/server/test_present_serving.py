@@ -1,7 +1,8 @@
 """server.present on reports with a ``serving`` section (configuration triage, issue 16) and a ``bisect`` section
 (release bisection, issue 17): the hover says under which configuration the suspect diverges and was traced, the
 diagnostics name triage's culprit, and the code lenses point at the release that changed the suspect. Pure: no
-language server, no engine run."""
+language server, no engine run. The reports are written as the worker sends them (JSON) and read as the server does
+(``Report.from_json``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from lsprotocol import types
 
+from ekka_core.contracts.errors import InternalFailure
+from ekka_core.contracts.report import Report, TargetLocation
+from server.jobs import WorkerResult
 from server.present import Result, code_lenses, diagnostics, hover, path_key, serving_line, serving_suffix
 from server.protocol import CLIENT_SHOW_DIVERGENCE, CLIENT_SHOW_RELEASE_DIFF
 
@@ -77,7 +82,7 @@ BISECT = {
 }
 
 
-def report(serving: Any = None, bisect: Any = None) -> dict[str, Any]:
+def report(serving: Any = None, bisect: Any = None) -> Report:
     r: dict[str, Any] = {
         "schema": "ekka.report/1", "verdict": "divergent", "threshold": 2.0,
         "suspects": [suspect(1, "model.layers.0.self_attn.attn", "Attention", ATTN, 40, 57.6),
@@ -89,16 +94,16 @@ def report(serving: Any = None, bisect: Any = None) -> dict[str, Any]:
         r["serving"] = serving
     if bisect is not None:
         r["bisect"] = bisect
-    return r
+    return Report.from_json(r)
 
 
-def hover_text(r: dict[str, Any], file: str = ATTN, line: int = 39) -> str:
+def hover_text(r: Report, file: str = ATTN, line: int = 39) -> str:
     h = hover(Result("j", r), path_key(file), line)
     assert h is not None
     return h.contents.value
 
 
-def lenses(r: dict[str, Any], file: str) -> list[tuple[int, str, str, list[Any]]]:
+def lenses(r: Report, file: str) -> list[tuple[int, str, str, list[Any]]]:
     return [(lens.range.start.line, lens.command.title, lens.command.command, lens.command.arguments)
             for lens in code_lenses(Result("j", r), path_key(file), line_text)]
 
@@ -151,10 +156,13 @@ def test_reports_without_or_with_partial_serving_sections_still_hover():
     assert "served configuration" not in plain.lower() and "- suspect **#1**" in plain
     assert serving_line(report()) is None
     # null members (older reports, a run that stopped early) never raise
-    for partial in ({}, {"served": None, "triage": None, "changes": None, "traced_args": None},
-                    {"triage": {"words": "", "traced_under": None, "differing": None}}):
+    for partial in ({}, {"served": None, "triage": None, "changes": None, "traced_args": None}):
         text = hover_text(report(partial))
         assert "**The served configuration was not checked**" in text
+    old = {"served": None, "triage": {**SERVING["triage"], "words": "", "traced_under": None, "differing": None,
+                                      "untraceable": None}}
+    assert serving_line(report(old)) == ("**Diverges in the served configuration** (ratio 54.6×); traced under: the "
+                                         "served configuration itself (nothing changed for tracing)")
 
 
 # ------------------------------------------------------------------------------------------ diagnostics
@@ -213,11 +221,23 @@ def test_release_lens_follows_the_suspect_the_bisection_names():
 
 def test_no_release_lens_without_a_regression():
     for b in (None, {**BISECT, "outcome": "no-regression", "first_bad": None},
-              {**BISECT, "outcome": "bad-from-start", "last_good": None}, "garbage"):
+              {**BISECT, "outcome": "bad-from-start", "last_good": None}):
         got = lenses(report(bisect=b), ATTN)
         assert [c for _, _, c, _ in got] == [CLIENT_SHOW_DIVERGENCE], b
         assert lenses(report(bisect=b), NORM)[0][2] == CLIENT_SHOW_DIVERGENCE
         assert lenses(report(bisect=b), OPS) == []
+
+
+def test_the_worker_result_is_read_once_and_a_report_the_server_cannot_read_fails_the_job():
+    got = WorkerResult.from_json({"report": report(bisect=BISECT).to_json(), "paths": {"json": "/o/report.json"},
+                                  "modules": {"m": {"class": "A"}}})
+    assert got.report.bisect.changes[0].file_bad == ATTN and got.paths == {"json": "/o/report.json"}
+    assert got.report.suspects[0].target.cls == "Attention"
+    assert got.modules == {"m": TargetLocation(module="m", cls="A")}
+    for bad in ({"report": {**report().to_json(), "bisect": "garbage"}}, {"report": None}, {}, None,
+                {"report": report().to_json(), "modules": {"m": "garbage"}}):
+        with pytest.raises(InternalFailure, match="the Ekka worker sent a report this server cannot read"):
+            WorkerResult.from_json(bad)
 
 
 def test_the_release_diff_command_is_the_extensions():

@@ -26,6 +26,8 @@ from pygls.uris import from_fs_path, to_fs_path
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 from ekka_core import bugs
+from ekka_core.contracts.report import Report
+from server.present import rendered
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUG = "gemma3-sliding-window-every-layer"
@@ -59,7 +61,7 @@ def demo(zoo_model, tmp_path_factory) -> dict[str, Any]:
                                            "engine_args")}))
     out = ws / "ekka-out" / "demo"
     report = diagnose(spec, out, env=ENV).report
-    assert report["verdict"] == "divergent"
+    assert report.verdict == "divergent"
     return {"workspace": ws, "spec_file": spec_file, "out": out, "report": report, "spec": spec}
 
 
@@ -215,6 +217,9 @@ async def test_diagnose_spec_file_publishes_results_on_the_engine_source(client:
     report = payload["report"]
     assert report["verdict"] == "divergent" and report["meta"]["reused_traces"] is True
     assert report["plots"]["series"] and Path(payload["paths"]["html"]).exists()
+    # ... and the report in Python's words, shown verbatim by the editor: the coverage sections, the headline
+    assert {k: payload[k] for k in ("headline", "coverage", "coverageLine")} == rendered(Report.from_json(report))
+    assert payload["headline"] == final["message"] and payload["headline"].startswith("divergent: #1 ")
 
     # Diagnostics on the rank-1 suspect's class line, in the installed vLLM source (0-based LSP lines).
     top = report["suspects"][0]
@@ -276,12 +281,12 @@ async def test_diagnose_spec_file_publishes_results_on_the_engine_source(client:
 
 
 async def test_diagnostics_survive_open_and_close(client: LanguageClient, demo):
-    top = demo["report"]["suspects"][0]
-    uri = _uri_for(client.diagnostics, top["target"]["file"])
+    top = demo["report"].top
+    uri = _uri_for(client.diagnostics, top.target.file)
     before = list(client.diagnostics[uri])
     client.diagnostics[uri] = []          # forget them client-side: didOpen must publish them again
     client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
-        uri=uri, language_id="python", version=1, text=Path(top["target"]["file"]).read_text())))
+        uri=uri, language_id="python", version=1, text=Path(top.target.file).read_text())))
     for _ in range(50):
         if client.diagnostics[uri]:
             break
@@ -427,8 +432,8 @@ async def test_worker_killed_mid_run_is_reported_and_the_server_carries_on(clien
 
 
 async def test_clear_removes_diagnostics_lenses_and_hovers(client: LanguageClient, demo):
-    top = demo["report"]["suspects"][0]
-    uri = _uri_for(client.diagnostics, top["target"]["file"])
+    top = demo["report"].top
+    uri = _uri_for(client.diagnostics, top.target.file)
     assert client.diagnostics[uri]
     cleared = _plain(await _execute(client, "ekka.server.clear"))
     assert cleared["cleared"] >= 1
@@ -440,12 +445,13 @@ async def test_clear_removes_diagnostics_lenses_and_hovers(client: LanguageClien
     ident = types.TextDocumentIdentifier(uri=uri)
     assert not await client.text_document_code_lens_async(types.CodeLensParams(text_document=ident))
     assert await client.text_document_hover_async(types.HoverParams(
-        text_document=ident, position=types.Position(line=top["target"]["line"] - 1, character=0))) is None
+        text_document=ident, position=types.Position(line=top.target.line - 1, character=0))) is None
 
 
 async def test_presentation_helpers():
     """Pure parts: suspects on one line merge into one diagnostic (best rank's severity); sparklines are on a
     log scale and leave missing values blank."""
+    from ekka_core.contracts.report import Report
     from server.present import Result, diagnostics, fmt_ratio, sparkline
 
     def suspect(rank: int, module: str, ratio: float | None) -> dict[str, Any]:
@@ -453,7 +459,8 @@ async def test_presentation_helpers():
                                          "line": 10, "forward_file": "/x/custom_op.py", "forward_line": 3},
                 "reference": {"modules": []}, "error_ratio": ratio, "onset_token": None}
 
-    result = Result("j", {"threshold": 2.0, "suspects": [suspect(3, "a", 5.0), suspect(1, "b", 1234.5)]})
+    result = Result("j", Report.from_json({"threshold": 2.0, "suspects": [suspect(3, "a", 5.0),
+                                                                         suspect(1, "b", 1234.5)]}))
     diags = diagnostics(result, lambda path, line: "    class Attention:")
     [(key, [d])] = list(diags.items())      # the inherited forward (another file) gets no diagnostic
     assert d.severity == types.DiagnosticSeverity.Error and d.range.start.line == 9

@@ -8,8 +8,9 @@ from ekka_core.capture.vllm_config import configuration, factor_values, model_le
 from ekka_core.contracts.errors import BadInput
 from ekka_core.contracts.serving import FACTORS, EngineOutputs, RequestOutcome, SymptomCheck, Trial
 from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec, parse_engine_arg
-from ekka_core.pipeline import differing_factors
-from ekka_core.triage import _ddmin, triage
+from ekka_core.triage import differing_factors
+from ekka_core.triage import triage
+from ekka_core.triage.search import _ddmin
 
 COMPILED = {"enforce_eager": False, "compilation_mode": 2, "compilation_backend": "inductor", "custom_ops": ["none"],
             "enable_prefix_caching": True, "max_num_batched_tokens": 64, "max_num_seqs": 256, "max_model_len": 512}
@@ -97,11 +98,11 @@ def _outputs(resolved, cached=(0, 0), lens=(20, 20), waves=(0, 1)) -> EngineOutp
 
 def test_factors_that_cannot_matter_are_ruled_out_with_why(tmp_path):
     spec = DiagnosisSpec(model=str(tmp_path), prompts=["a", "b"])
-    differing, ruled = differing_factors(spec, _outputs(COMPILED), _outputs(EAGER))
+    differing, ruled = differing_factors(_outputs(COMPILED), _outputs(EAGER))
     assert set(differing) == {"compilation", "custom_ops"}
     assert "no request hit the prefix cache" in ruled["prefix_caching"]
     assert "fit one chunk" in ruled["chunked_prefill"] and "single request" in ruled["batching"]
-    differing, ruled = differing_factors(spec, _outputs(COMPILED, cached=(0, 128), lens=(200, 200), waves=(0, 0)),
+    differing, ruled = differing_factors(_outputs(COMPILED, cached=(0, 128), lens=(200, 200), waves=(0, 0)),
                                          _outputs(EAGER))
     assert set(differing) == set(FACTORS) and ruled == {}
 
@@ -168,3 +169,15 @@ def test_scenario_waves_and_a_missing_request(tmp_path):
 def test_factor_values_read_what_the_engine_resolved():
     v = factor_values(COMPILED)
     assert v["custom_ops"] == ["none"] and v["prefix_caching"] is True and v["batching"] == 256
+
+
+def test_triage_that_runs_out_of_trials_says_it_did_not_narrow():
+    def run(subset):      # only all five together reproduce it: ddmin needs many trials
+        d = set(subset) == set(FACTORS)
+        return _check(d), Trial(subset, {}, 9.0 if d else 1.0, d)
+
+    t = triage(_check(True), _check(False), {f: {} for f in FACTORS}, {}, run, max_trials=3)
+    assert t.exhausted and len(t.trials) == 3 and len(t.culprit) > 1
+    assert t.words.startswith("not narrowed: the 3 trials allowed ran out")
+    enough = triage(_check(True), _check(False), {f: {} for f in FACTORS}, {}, run, max_trials=50)
+    assert not enough.exhausted and enough.culprit == list(FACTORS)

@@ -1,4 +1,4 @@
-"""Stage 2, static half — model source files read with libcst, never imported.
+"""The tree stage, static half — model source files read with libcst, never imported.
 
 The dynamic Model Tree (``ekka_core.tree.build_tree``) says which modules ran; this package says what their source
 declares: per class its bases, the line of its ``class`` statement, literal class attributes

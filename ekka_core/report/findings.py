@@ -1,0 +1,57 @@
+"""One rendering per finding kind, used by every surface: the report's Markdown and HTML, the CLI, the language
+server's diagnostics and hovers, and — through ``Suspect.summary`` in report.json — the editor's tree view.
+
+A new finding kind adds one function to :data:`RENDERERS`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ekka_core.contracts.report import Suspect, SuspectKind, fmt_ratio
+from ekka_core.sources import short_path
+
+
+def _onset(s: Suspect) -> str:
+    if s.onset_token is None:
+        return ""
+    return f", from token {s.onset_token}" + (f" ({s.onset_phase})" if s.onset_phase else "")
+
+
+def _module(s: Suspect) -> str:
+    if s.error_ratio is None:
+        return "encloses the divergence (not itself compared)"
+    return f"error ratio {fmt_ratio(s.error_ratio)}{_onset(s)}"
+
+
+def _glue(s: Suspect) -> str:
+    between = " and ".join(s.target.between) or "two of its children"
+    return f"the code between {between} in its forward: error ratio {fmt_ratio(s.error_ratio)}{_onset(s)}"
+
+
+def _convention(s: Suspect) -> str:
+    return (f"departs from the reference's own rounding ({fmt_ratio(s.same_dtype)}× its rounding error)"
+            f"{_onset(s)}")
+
+
+def _rows(s: Suspect) -> str:
+    where = ", ".join(f"request {r.request} token {r.position}" for r in s.rows[:4])
+    return f"diverges at {len(s.rows)} row(s) ({where}); pooled error ratio {fmt_ratio(s.error_ratio)}"
+
+
+RENDERERS: dict[SuspectKind, Callable[[Suspect], str]] = {
+    "module": _module, "glue": _glue, "convention": _convention, "rows": _rows,
+}
+
+
+def summary(s: Suspect) -> str:
+    """The finding in one line, after its module and class: what is wrong there and from when."""
+    return RENDERERS.get(s.kind, _module)(s)
+
+
+def source_of(s: Suspect) -> str:
+    """Where to look: the class line, or for code between two children the forward's line range."""
+    t = s.target
+    if s.kind == "glue" and t.lines:
+        return f"{short_path(t.forward_file)}:{t.lines[0]}–{t.lines[1]}"
+    return f"{short_path(t.file)}:{t.line}"

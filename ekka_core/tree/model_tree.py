@@ -1,0 +1,84 @@
+"""The dynamic Model Tree: every module a framework ran, in execution order, with its class and where that class is
+defined — built from a trace (:func:`build_tree`) and rendered with repeated layers folded."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ekka_core.sources import short_path
+
+if TYPE_CHECKING:   # the tree is read by light processes (the language server): no torch at import time
+    from ekka_core.capture.trace import Trace
+
+
+@dataclass
+class ModuleNode:
+    name: str
+    cls: str
+    qualname: str
+    class_file: str | None
+    class_line: int | None
+    forward_file: str | None
+    forward_line: int | None
+    calls: int = 0
+    first_call: int = 0            # completion index of the first call: the execution order
+    shared: bool = False           # one module object called from several places (vLLM's rotary_emb)
+    registered: str | None = None  # for a shared module called here: the name it is registered under
+    out_features: int | None = None
+
+
+@dataclass
+class ModelTree:
+    framework: str
+    modules: dict[str, ModuleNode] = field(default_factory=dict)   # in execution (first completion) order
+    declared: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"framework": self.framework, "declared": self.declared,
+                "modules": [asdict(m) for m in self.modules.values()]}
+
+    def render(self) -> str:
+        """One line per module, repeated layers folded: ``model.layers.[0-3].mlp  Gemma3MLP``."""
+        folded: dict[tuple[str, str], list[int]] = {}
+        first: dict[tuple[str, str], ModuleNode] = {}      # the node each folded line stands for
+        for name, node in self.modules.items():
+            m = re.search(r"\.(\d+)(\.|$)", name)
+            key = (re.sub(r"\.(\d+)(\.|$)", r".#\2", name, count=1), node.cls) if m else (name, node.cls)
+            folded.setdefault(key, []).append(int(m.group(1)) if m else -1)
+            first.setdefault(key, node)
+        lines = []
+        for (pattern, cls), idx in folded.items():
+            shown = pattern
+            if "#" in pattern:
+                shown = pattern.replace("#", f"[{min(idx)}-{max(idx)}]" if len(idx) > 1 else str(idx[0]))
+            depth = shown.count(".")
+            node = first[(pattern, cls)]
+            where = f"  ({short_path(node.class_file)}:{node.class_line})" if node.class_file else ""
+            lines.append(f"{'  ' * depth}{shown or '<root>'}  {cls}{where}")
+        return "\n".join(lines)
+
+
+def build_tree(trace: "Trace") -> ModelTree:
+    from ekka_core.capture.trace import TensorRef
+
+    tree = ModelTree(framework=trace.run.framework, declared=dict(trace.run.declared))
+    shared_names: set[str] = set()
+    for call in trace.calls:
+        node = tree.modules.get(call.module)
+        if node is None:
+            first = next((o for o in call.outputs if isinstance(o, TensorRef)), None)
+            node = ModuleNode(call.module, call.cls, call.qualname, call.class_file, call.class_line,
+                              call.forward_file, call.forward_line, first_call=call.index,
+                              out_features=first.shape[-1] if first and first.shape else None)
+            tree.modules[call.module] = node
+        node.calls += 1
+        if call.shared_as:
+            node.shared = True
+            node.registered = call.shared_as
+            shared_names.add(call.shared_as)
+    for name in shared_names:
+        if name in tree.modules:
+            tree.modules[name].shared = True
+    return tree
