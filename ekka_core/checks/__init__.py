@@ -6,6 +6,7 @@ is the precedence table).
 ``served-output``  the served configuration's logprobs against the reference (``checks/output.py``)
 ``traced-output``  the traced baseline's, the same way
 ``modules``        the traced module comparison: which module departs first (``checks/modules.py``)
+``non-finite``     the first module that outputs NaN/Inf where the reference is finite (``checks/non_finite.py``)
 ``rows``           a module wrong on a few rows its pooled ratio averages away (``checks/rows.py``)
 ``conventions``    departures from the reference's low-precision rounding (``checks/conventions.py``)
 
@@ -15,11 +16,13 @@ rendering of its findings' kind in ``ekka_core/report/findings.py``, its tests.
 
 from ekka_core.checks.base import Check, Evidence, run_check, skipped
 from ekka_core.checks.conventions import ConventionCheck
+from ekka_core.checks.non_finite import NonFiniteCheck
 from ekka_core.checks.rows import RowCheck
 from ekka_core.checks.verdict import Composed, compose, conclude
 
 # The checks that read the traced comparison's evidence (the ranking and its aligned pairs), in the order they run.
 AFTER_COMPARISON: tuple[Check, ...] = (
+    NonFiniteCheck(),
     RowCheck(),
     ConventionCheck(),
 )

@@ -34,13 +34,19 @@ def _convention(s: Suspect) -> str:
             f"{_onset(s)}")
 
 
+def _non_finite(s: Suspect) -> str:
+    first = s.rows[0] if s.rows else None
+    at = f", first at request {first.request} token {first.position}" if first else ""
+    return f"{s.non_finite} NaN/Inf output value(s) where the reference is finite{at}"
+
+
 def _rows(s: Suspect) -> str:
     where = ", ".join(f"request {r.request} token {r.position}" for r in s.rows[:4])
     return f"diverges at {len(s.rows)} row(s) ({where}); pooled error ratio {fmt_ratio(s.error_ratio)}"
 
 
 RENDERERS: dict[SuspectKind, Callable[[Suspect], str]] = {
-    "module": _module, "glue": _glue, "convention": _convention, "rows": _rows,
+    "module": _module, "glue": _glue, "convention": _convention, "non-finite": _non_finite, "rows": _rows,
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from ekka_core.analysis import analyse
 from ekka_core.checks import AFTER_COMPARISON, Evidence, conclude, run_check
+from ekka_core.checks import non_finite as non_finite_module
 from ekka_core.checks.modules import ModuleCheck
 from ekka_core.cli import _print_report
 from ekka_core.contracts.errors import BadInput
@@ -47,6 +48,19 @@ def _no_pairs():
     ranking = Ranking("consistent", 2.0, "bfloat16",
                       unchecked=[Unchecked("model.layers.0.mlp", "no rule: the mapping rules are disabled")])
     return _report(Evidence(SPEC, ranking=ranking), ranking), "no module was compared"
+
+
+def _nan_at_a_module(monkeypatch):
+    pairs, classes = aligned_pairs(None)
+    for it in pairs.items[7:]:
+        it.target[2, 1] = float("nan")
+    by_name = {it.pair.component: it for it in pairs.items}
+    monkeypatch.setattr(non_finite_module, "align_pair", lambda pair, traces, order=-1: by_name[pair.component])
+    ranking = analyse(pairs, threshold=2.0, dtype="float16", target_classes=classes, prompt_lens=[8])
+    report = _report(Evidence(SPEC, ranking=ranking, aligned=FakeAligned(pairs)), ranking)
+    assert report.suspects[0].kind == "non-finite"
+    assert report.suspects[0].target.module == "model.layers.2.self_attn.attn"
+    return report, "NaN/Inf output value"
 
 
 def _nan_logprobs():
@@ -87,7 +101,7 @@ def _alignment_failure_on_output_path():
     return _report(Evidence(SPEC, ranking=ranking, aligned=aligned), ranking), "residual stream was not compared"
 
 
-FAULTS = {"no pairs": _no_pairs, "NaN logprobs": _nan_logprobs,
+FAULTS = {"no pairs": _no_pairs, "NaN at a module": _nan_at_a_module, "NaN logprobs": _nan_logprobs,
           "served not observed": _served_not_observed, "triage exhausted": _triage_exhausted,
           "alignment failure on the output path": _alignment_failure_on_output_path}
 
@@ -110,7 +124,7 @@ def test_the_fault_matrix_would_fail_on_a_consistent_report():
     report = _report(Evidence(SPEC, ranking=ranking, aligned=aligned), ranking)
     assert report.verdict == "consistent" and report.missing == []
     assert not any(why in json.dumps(report.to_json()) for why in
-                   ("no module was compared", "NaN/Inf logprobs", "returned no logprobs", "not narrowed",
+                   ("no module was compared", "NaN/Inf output value", "NaN/Inf logprobs", "returned no logprobs", "not narrowed",
                     "residual stream was not compared"))
 
 
