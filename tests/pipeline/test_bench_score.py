@@ -89,6 +89,23 @@ def test_score_a_rows_case_takes_the_first_matching_suspect_that_meets_its_kind(
     assert r.rank == 2 and r.passed and not r.passed_at_1 and r.passed_at_3      # expected_rank 3
 
 
+def test_score_a_non_finite_case_needs_nan_inf_counted() -> None:
+    bug = bugs.get("mlp-fp16-overflow-prescaled-down-proj")
+    assert bug.expected_kind == "non-finite" and bug.dtype == "float16"
+
+    def report(kind: str, count: int) -> Report:
+        return Report(verdict="divergent", suspects=[Suspect(
+            rank=1, target=TargetLocation(module="model.layers.0.mlp.down_proj", cls="RowParallelLinear"), kind=kind,
+            error_ratio=1e9, rows=[RowFinding(0, 1, 1e9)], non_finite=count)])
+
+    ok = bench.score(bug, report("non-finite", 768), 1.0)
+    assert ok.passed and ok.passed_at_1
+    none_counted = bench.score(bug, report("non-finite", 0), 1.0)
+    assert not none_counted.passed and "without NaN/Inf values counted" in none_counted.why
+    as_module = bench.score(bug, report("module", 768), 1.0)
+    assert not as_module.passed and "as a module suspect, expected non-finite" in as_module.why
+
+
 def test_score_a_case_without_an_expected_kind_takes_any_kind() -> None:
     bug = bugs.get("qwen3-qk-norm-across-heads")
     assert bug.expected_kind == ""
