@@ -180,3 +180,23 @@ def test_a_rows_finding_is_rendered_with_its_rows_on_every_surface():
     page = render_html(report)
     assert top.summary in page and "outlined: positions 7, named by a finding" in page
     assert page.count("outline:2px solid") == len(report.plots.heatmap.layers)
+
+
+def test_the_zoo_tests_every_pair_compared_assert_fails_on_a_dropped_pair():
+    """The assert the zoo diagnoses make (tests/pipeline/test_zoo_diagnoses.py, tests/agent/test_agent_zoo.py) can
+    fail: a pair whose alignment failed is caught; the old comparison with the bare words never matched it."""
+    from ekka_core.contracts.alignment import AlignmentFailure
+    from ekka_core.contracts.report import RunMeta
+    from ekka_core.report import build_report
+    from hand_made import alignment_failures
+
+    pairs, classes = aligned_pairs(None)
+    pairs.failures.append(AlignmentFailure("model.layers.1.mlp", "shapes differ after alignment"))
+    ranking = analyse(pairs, threshold=2.0, dtype="bfloat16", target_classes=classes, prompt_lens=[8])
+    report = build_report(ranking, spec=SPEC, meta=RunMeta())
+    assert [u.module for u in alignment_failures(report)] == ["model.layers.1.mlp"]
+    assert [u for u in report.unchecked if u.reason == "alignment failed"] == []      # the old, never-failing form
+    pairs.failures.clear()
+    clean = build_report(analyse(pairs, threshold=2.0, dtype="bfloat16", target_classes=classes, prompt_lens=[8]),
+                         spec=SPEC, meta=RunMeta())
+    assert alignment_failures(clean) == []

@@ -7,12 +7,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ekka_core.contracts.alignment import ALIGNMENT_FAILED
+from ekka_core.contracts.report import Report, Unchecked
 from ekka_core.contracts.scores import ReferenceScores, ScoredRequest, ScoredRun, ScoredStep
 from ekka_core.contracts.serving import EngineOutputs, RequestOutcome
 from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.mapping import ComponentPair, Endpoint
 
 SPEC = DiagnosisSpec(model="/nowhere", prompts=["x"])
+
+
+def alignment_failures(report: Report) -> list[Unchecked]:
+    """The mapped pairs a diagnosis could not compare because alignment failed (the zoo tests demand none)."""
+    return [u for u in report.unchecked if u.reason.startswith(ALIGNMENT_FAILED)]
 
 
 def _g(seed: int) -> torch.Generator:
