@@ -22,10 +22,11 @@ from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec
 from ekka_core.zoo import build_model, tokenizer_without_bos
 
 # What CI runs (tests/pipeline/test_bench.py): one case of each kind the other end-to-end tests do not already
-# diagnose — a module, code between modules, the engine's input path, a rounding convention, a served feature — and
-# the negative that serves vLLM's defaults (compiled, prefix cache hit, small chunks) on a clean model.
+# diagnose — a module, code between modules, the engine's input path, a rounding convention, a served feature, a
+# module wrong on a few rows, an fp16 overflow — and the negative that serves vLLM's defaults (compiled, prefix cache hit, small chunks) on a clean model.
 FAST_SUBSET = ["qwen3-qk-norm-across-heads", "granite-embedding-multiplier-skipped", "chat-double-bos",
                "rmsnorm-weight-in-fp32", "prefix-cache-hit-corrupts-resumed-prefill",
+               "first-decode-step-context-short", "mlp-fp16-overflow-prescaled-down-proj",
                "negative:clean-llama-served-defaults"]
 
 
