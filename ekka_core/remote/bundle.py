@@ -26,10 +26,13 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
 # Code only the user's machine runs: the SSH client, the scripts it sends the host before the engine is there (run
-# from this machine's copy), and the repro-script importer (a folder: every module under it). The host runs the
-# pipeline and its host process (remote/host.py); leaving these out keeps the one-time upload small (it counts in a
-# first diagnosis' bytes).
-CLIENT_ONLY = {"remote/client.py", "remote/host_probe.py", "remote/host_install.py", "repro/"}
+# from this machine's copy), the repro-script importer (a folder: every module under it), the CLI, release
+# bisection (it diagnoses each release from here), the benchmark runner and the tiny-model zoo it builds from (the
+# host is given a model path; it never builds one), the report's JSON Schema (for the editor's types and the
+# tests) and the knowledge base's README. The host runs the pipeline and its host process (remote/host.py); leaving these out
+# keeps the one-time upload small (it counts in a first diagnosis' bytes).
+CLIENT_ONLY = {"remote/client.py", "remote/host_probe.py", "remote/host_install.py", "repro/", "cli.py", "bisect/",
+               "bench.py", "zoo/", "contracts/report.schema.json", "agent/knowledge/README.md"}
 
 
 def client_only(rel: str) -> bool:

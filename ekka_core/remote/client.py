@@ -31,6 +31,7 @@ from ekka_core.contracts.errors import BadInput, EkkaError, InternalFailure
 from ekka_core.contracts.report import Report
 from ekka_core.remote import HostURL, RemoteCancelled, RemoteDiagnosis, RemoteRun
 from ekka_core.remote.host import PROTOCOL, RESULT_FILES
+from ekka_core.report import write_report
 from ekka_core.remote.bundle import Bundle, build_bundle
 
 Progress = Callable[[str, str], None]
@@ -302,7 +303,7 @@ async def _run(conn: Any, client: _Client, state: _State, spec: Any, *, remote_p
                     reused_traces=report.meta.reused_traces, seconds=round(time.perf_counter() - t0, 2),
                     summary=summary)
     report.meta.remote = run.to_json()
-    report.save(paths["json"])
+    paths.update(write_report(report, out_dir_local))       # json with meta.remote; md and html rendered here
     paths["remote"] = out_dir_local / "remote.json"
     paths["remote"].write_text(json.dumps(run.to_json(), indent=1))
     return RemoteDiagnosis(report, paths, run)
@@ -482,7 +483,7 @@ async def _host(conn: Any, state: _State, probe: dict[str, Any], spec: Any, fres
 def _unpack(data: bytes, out_dir: Path) -> tuple[dict[str, Path], dict[str, Any]]:
     """Extract the results bundle into ``out_dir`` (known names only); returns the paths and the remote summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = {n: n for n in RESULT_FILES} | {"summary.json": "remote-summary.json"}
+    names = {n: n for n in (*RESULT_FILES, "report.md", "report.html")} | {"summary.json": "remote-summary.json"}
     for local in names.values():
         (out_dir / local).unlink(missing_ok=True)   # nothing stale from an earlier run survives
     with zipfile.ZipFile(io.BytesIO(data)) as zf:

@@ -43,8 +43,9 @@ STATE_DIR = ".ekka-remote"
 RESULTS = "results.zip"
 # The mapping agent's transcript comes back too when a session called the API (ekka_core.agent.transcript's JSONL
 # and MARKDOWN, spelled out: this module imports only the standard library before the job is read).
-RESULT_FILES = ("report.json", "report.md", "report.html", "mapping.json", "agent-transcript.jsonl",
-                "agent-transcript.md")
+# report.md and report.html are not sent: the client renders them from report.json with the same code, after adding
+# what only it knows (meta.remote) — fewer bytes on the wire, and the three files agree.
+RESULT_FILES = ("report.json", "mapping.json", "agent-transcript.jsonl", "agent-transcript.md")
 LOG_TAIL = 4000
 
 
@@ -161,7 +162,8 @@ def run(job: dict[str, Any], events: _Events) -> int:
     }
     bundle = state / RESULTS
     tmp = state / (RESULTS + ".tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+    # LZMA, as the engine bundle (.tar.xz) already needs on both ends: the results are a first diagnosis' bytes too
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_LZMA) as zf:
         for name in RESULT_FILES:
             if (out_dir / name).is_file():
                 zf.write(out_dir / name, name)

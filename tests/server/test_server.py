@@ -459,7 +459,7 @@ async def test_presentation_helpers():
                                          "line": 10, "forward_file": "/x/custom_op.py", "forward_line": 3},
                 "reference": {"modules": []}, "error_ratio": ratio, "onset_token": None}
 
-    result = Result("j", Report.from_json({"threshold": 2.0, "suspects": [suspect(3, "a", 5.0),
+    result = Result("j", Report.from_json({"verdict": "divergent", "threshold": 2.0, "suspects": [suspect(3, "a", 5.0),
                                                                          suspect(1, "b", 1234.5)]}))
     diags = diagnostics(result, lambda path, line: "    class Attention:")
     [(key, [d])] = list(diags.items())      # the inherited forward (another file) gets no diagnostic
