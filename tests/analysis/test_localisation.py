@@ -7,13 +7,13 @@ after the call that completed before its module started (``entered``)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 import pytest
 import torch
 
 from ekka_core.analysis import CONVENTION_CLOSER, CONVENTION_DISTANCE, analyse
 from ekka_core.mapping import ComponentPair, Endpoint
+from hand_made import HandAligned, HandPairs
 
 THR = 2.0
 
@@ -31,26 +31,6 @@ def noise_model(monkeypatch):
 
 def _g(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-@dataclass
-class _Aligned:
-    pair: ComponentPair
-    order: int
-    keys: list
-    target: torch.Tensor
-    reference: torch.Tensor
-    reference_fp32: torch.Tensor
-    inputs: tuple | None = None
-
-
-@dataclass
-class _Pairs:
-    items: list
-    failures: list = field(default_factory=list)
-
-    def __iter__(self):
-        return iter(self.items)
 
 
 def _triple(seed: int, err: float = 1.0, shape: tuple = (12, 64)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,7 +61,7 @@ MODEL = [
 
 
 def _model(errors: dict[str, float], input_errors: dict[str, float], *, identical_inputs: set[str] = frozenset(),
-           closer: set[str] = frozenset()) -> tuple[_Pairs, dict, dict]:
+           closer: set[str] = frozenset()) -> tuple[HandPairs, dict, dict]:
     """Every pair noise-level (ratio ≈ 1) unless ``errors`` / ``input_errors`` lift its output / input ratio.
     ``identical_inputs``: target and X_R fed the very same tensor. ``closer``: the output equals fp32 plus a tenth of
     the reference's error, i.e. it departs from X_R by the reference's own rounding and is closer to fp32."""
@@ -98,13 +78,13 @@ def _model(errors: dict[str, float], input_errors: dict[str, float], *, identica
             inputs = (i_t, i_r, i_y)
         pair = ComponentPair(name, "1:1", "same-path", Endpoint([name]), Endpoint([name]),
                              compare_inputs=has_input)
-        items.append(_Aligned(pair, order, [(0, p) for p in range(12)], x_t, x_r, y, inputs))
+        items.append(HandAligned(pair, order, [(0, p) for p in range(12)], x_t, x_r, y, inputs))
         entered[name] = after
         classes[name] = {"cls": name.rsplit(".", 1)[-1].title(), "file": f"/src/{name}.py", "line": 10 + order,
                          "forward_file": f"/src/{name}.py", "forward_line": 20 + order, "qualname": f"m.{name}"}
     classes["model"] = {"cls": "LlamaModel", "file": "/src/llama.py", "line": 300, "forward_file": "/src/llama.py",
                         "forward_line": 350, "qualname": "m.LlamaModel"}
-    return _Pairs(items), classes, entered
+    return HandPairs(items), classes, entered
 
 
 def _locate(owner: str, child_from: str, child_to: str):
