@@ -54,7 +54,6 @@ ALLOWED = {
     ("ekka_core/agent/transcript.py", "explained"): "the agent transcript's validator records (JSONL)",
     ("ekka_core/agent/transcript.py", "from_knowledge_base"): "the agent transcript's session records (JSONL)",
     ("ekka_core/capture/run_process.py", "label"): "run.in.json, the target worker's own arguments",
-    ("ekka_core/checks/verdict.py", "conventions"): "the verdict checks' outcomes by check name",
 }
 
 DATA_NAME = re.compile(r"(^|_)(report|reports|scores|outputs)$")
