@@ -16,9 +16,9 @@ import numpy as np
 from ekka_core.align import AlignedPairs
 from ekka_core.analysis.conventions import _conventions
 from ekka_core.analysis.observations import _first_sustained_shift, _observations
-from ekka_core.analysis.ratios import _finite, _pair_result
+from ekka_core.analysis.ratios import _pair_result
 from ekka_core.analysis.suspects import GlueLocator, _rank
-from ekka_core.contracts.ranking import PairResult, Ranking
+from ekka_core.contracts.ranking import PairResult, Ranking, finite_ratio
 
 
 def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_classes: dict[str, dict[str, Any]],
@@ -41,7 +41,7 @@ def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_class
         return ranking
     observations = _observations(results)
     ranking.conventions = _conventions(results, observations, target_classes, dtype, locate)
-    log_r = np.log10(np.array([max(_finite(o.ratio), 1e-6) for o in observations]))
+    log_r = np.log10(np.array([max(finite_ratio(o.ratio), 1e-6) for o in observations]))
     start = _first_sustained_shift(log_r, math.log10(threshold))
     if start is None:
         above = sorted({results[o.pair].component for o in observations if o.ratio > threshold})

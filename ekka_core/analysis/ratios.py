@@ -9,13 +9,12 @@ happens to equal fp32.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from ekka_core.align import AlignedPair
-from ekka_core.contracts.ranking import NON_FINITE_RATIO, PairResult, noise_floor
+from ekka_core.contracts.ranking import PairResult, finite_ratio, noise_floor
 
 
 def error_ratio(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str, dim: int | None = None
@@ -26,10 +25,6 @@ def error_ratio(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: 
     else:
         num, den, ref = (x_t - y_r).norm(dim=dim), (x_r - y_r).norm(dim=dim), y_r.norm(dim=dim)
     return num / torch.maximum(den, (noise_floor(dtype) * ref).clamp_min(1e-30))
-
-
-def _finite(r: float) -> float:
-    return r if math.isfinite(r) else NON_FINITE_RATIO
 
 
 def _ratios(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str
@@ -48,10 +43,10 @@ def _pair_result(ap: AlignedPair, dtype: str, classes: dict[str, dict[str, Any]]
     rin = rin_same = None
     if ap.inputs is not None:
         rin_overall, _, _, rin_same = _ratios(*ap.inputs, dtype)
-        rin = _finite(rin_overall)
-    per_tok = [_finite(v) for v in rows]
+        rin = finite_ratio(rin_overall)
+    per_tok = [finite_ratio(v) for v in rows]
     return PairResult(component=ap.pair.component, cls=classes.get(ap.pair.component, {}).get("cls", "?"),
                       order=ap.order, reference_modules=list(ap.pair.reference.modules), rule=ap.pair.rule,
-                      error_ratio=_finite(overall), input_ratio=rin, rel_error=rel,
+                      error_ratio=finite_ratio(overall), input_ratio=rin, rel_error=rel,
                       token_ratios=[(s, p, float(v)) for (s, p), v in zip(ap.keys, per_tok)],
-                      same_dtype=_finite(same), input_same_dtype=None if rin_same is None else _finite(rin_same))
+                      same_dtype=finite_ratio(same), input_same_dtype=None if rin_same is None else finite_ratio(rin_same))

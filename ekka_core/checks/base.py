@@ -67,6 +67,14 @@ class ComparisonCheck:
         raise NotImplementedError
 
 
+def source_location(evidence: Evidence, module: str) -> tuple[str | None, int | None, str | None, int | None]:
+    """(class file, class line, forward file, forward line) of a target module, from the trace the comparison read —
+    for a check that makes a finding of its own (the modules check has them from analysis)."""
+    aligned = evidence.aligned
+    c = aligned.traces.target.run.module_classes.get(module) if aligned is not None else None
+    return (c[2], c[3], c[4], c[5]) if c else (None, None, None, None)
+
+
 def skipped(name: str, why: str) -> CheckOutcome:
     return CheckOutcome(CheckRecord(name, "skipped", why))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ekka_core.align import AlignedPairs, AlignmentError, align_pair
-from ekka_core.checks.base import ComparisonCheck, Evidence
+from ekka_core.checks.base import ComparisonCheck, Evidence, source_location
 from ekka_core.contracts.checks import CheckOutcome
 from ekka_core.contracts.ranking import NON_FINITE_RATIO, Ranking, Suspect
 from ekka_core.contracts.report import CheckRecord, RowFinding
@@ -36,7 +36,7 @@ class NonFiniteCheck(ComparisonCheck):
             count, rows, input_finite = found
             return CheckOutcome(CheckRecord(NAME, "diverges", f"{p.component} outputs {count} NaN/Inf value(s) "
                                                               "where the reference's are finite", compared=n),
-                                findings=[_suspect(aligned, p.component, p.cls, p.reference_modules, count, rows,
+                                findings=[_suspect(evidence, p.component, p.cls, p.reference_modules, count, rows,
                                                    input_finite)], precedence=0)
         return CheckOutcome(CheckRecord(NAME, "agrees", "no module outputs NaN/Inf where the reference is finite",
                                         compared=n))
@@ -62,10 +62,9 @@ def _non_finite_rows(aligned: AlignedPairs, component: str) -> tuple[int, list[R
     return int(bad.sum()), rows, input_finite
 
 
-def _suspect(aligned: AlignedPairs, module: str, cls: str, reference_modules: list[str], count: int,
+def _suspect(evidence: Evidence, module: str, cls: str, reference_modules: list[str], count: int,
              rows: list[RowFinding], input_finite: bool) -> Suspect:
-    c = aligned.traces.target.run.module_classes.get(module)
-    file, line, ffile, fline = (c[2], c[3], c[4], c[5]) if c else (None, None, None, None)
+    file, line, ffile, fline = source_location(evidence, module)
     first = rows[0]
     where = ", ".join(f"request {r.request} token {r.position}" for r in rows[:ROWS_NAMED])
     more = f" and {len(rows) - ROWS_NAMED} more" if len(rows) > ROWS_NAMED else ""

@@ -20,7 +20,7 @@ import json
 import re
 from pathlib import Path
 
-from ekka_core.checks.base import ComparisonCheck, Evidence
+from ekka_core.checks.base import ComparisonCheck, Evidence, source_location
 from ekka_core.contracts.checks import CheckOutcome
 from ekka_core.contracts.ranking import PairResult, Ranking, Suspect
 from ekka_core.contracts.report import CheckRecord, RowFinding
@@ -93,9 +93,7 @@ class RowCheck(ComparisonCheck):
 
 
 def _suspect(evidence: Evidence, pair: PairResult, rows: list[RowFinding], total: int) -> Suspect:
-    aligned = evidence.aligned
-    c = aligned.traces.target.run.module_classes.get(pair.component) if aligned is not None else None
-    file, line, ffile, fline = (c[2], c[3], c[4], c[5]) if c else (None, None, None, None)
+    file, line, ffile, fline = source_location(evidence, pair.component)
     where = ", ".join(f"request {r.request} token {r.position}" for r in rows[:ROWS_NAMED])
     more = f" and {len(rows) - ROWS_NAMED} more" if len(rows) > ROWS_NAMED else ""
     pattern = _pattern([r.position for r in rows])

@@ -5,14 +5,20 @@ Torch-free, so that shells and light processes read a ranking without the analys
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from ekka_core.contracts.jsonable import to_json
+from ekka_core.contracts.jsonable import NON_FINITE_JSON, to_json
 from ekka_core.contracts.report import InputsDiffer, RowFinding, SuspectKind, Unchecked, Verdict
 
 # A non-finite output (NaN/inf, e.g. fp16 overflow) is the strongest divergence there is; it is reported as this
-# ratio so that it ranks above everything and stays valid JSON.
-NON_FINITE_RATIO = 1e9
+# ratio so that it ranks above everything and stays valid JSON (the number the JSON codec writes for it).
+NON_FINITE_RATIO = NON_FINITE_JSON
+
+
+def finite_ratio(r: float) -> float:
+    """A ratio as a number every comparison and JSON can take: NaN/inf become :data:`NON_FINITE_RATIO`."""
+    return r if math.isfinite(r) else NON_FINITE_RATIO
 
 # The error ratio's denominator floor, shared by every ratio Ekka computes (per module, per token, at the logits):
 # a fraction of the dtype's unit roundoff relative to ‖Y_R‖, and never below what two correct fp32 kernels differ by.

@@ -393,7 +393,8 @@ def _verdict_sentence(report: Report) -> str:
     only = f" — {triage.words}" if triage and triage.culprit and triage.words else ""
     s = report.top
     served = report.serving.served if report.serving else None
-    if not only and served is not None and not served.diverges and served is not report.serving.traced:
+    # equal, not identical: the one-run case (served = traced baseline) survives a JSON round trip as two equal checks
+    if not only and served is not None and not served.diverges and served != report.serving.traced:
         # what users run does not show it: a traced-only finding must not read like the served engine's bug
         only = (f" — in the traced baseline only: the served configuration matches the reference at the output "
                 f"level (ratio {fmt_ratio(served.ratio)})")

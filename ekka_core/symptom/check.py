@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from ekka_core.contracts.ranking import NON_FINITE_RATIO, noise_floor
+from ekka_core.contracts.ranking import NON_FINITE_RATIO, finite_ratio, noise_floor
 from ekka_core.contracts.scores import ReferenceScores
 from ekka_core.contracts.serving import EngineOutputs, PositionRatio, SymptomCheck
 
@@ -63,7 +63,7 @@ def check_symptom(outputs: EngineOutputs, scores: ReferenceScores, *, threshold:
             norms.append((num, den, ref, same))
             ratio = num / max(den, floor_rel * ref, 1e-30)
             matches = j < len(r.generated) and r.generated[j] == y.argmax
-            positions.append(PositionRatio(r.request, start + j, _finite(ratio), bool(matches),
+            positions.append(PositionRatio(r.request, start + j, finite_ratio(ratio), bool(matches),
                                            routing_tie=start + j in ties.get(r.request, ())))
     counted = [i for i, p in enumerate(positions) if not p.routing_tie] or list(range(len(positions)))
 
@@ -74,9 +74,9 @@ def check_symptom(outputs: EngineOutputs, scores: ReferenceScores, *, threshold:
 
     overall, same = pooled(0), pooled(3)
     # NaN-safe: a ratio that is not a number is not "within the threshold"
-    check = SymptomCheck(label=label or outputs.label, ratio=_finite(overall),
+    check = SymptomCheck(label=label or outputs.label, ratio=finite_ratio(overall),
                          diverges=bool(non_finite) or not overall <= threshold, non_finite=len(non_finite),
-                         threshold=threshold, positions=positions, same_dtype=_finite(same),
+                         threshold=threshold, positions=positions, same_dtype=finite_ratio(same),
                          cached_tokens=sum(r.num_cached_tokens for r in outputs.requests))
     check.first = next((positions[i] for i in counted if positions[i].ratio > threshold), None) \
         if check.diverges else None
@@ -103,6 +103,3 @@ def check_symptom(outputs: EngineOutputs, scores: ReferenceScores, *, threshold:
     check.note = "; ".join(notes)
     return check
 
-
-def _finite(r: float) -> float:
-    return r if math.isfinite(r) else NON_FINITE_RATIO

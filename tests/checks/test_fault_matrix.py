@@ -173,3 +173,15 @@ def test_nothing_compared_end_to_end_is_inconclusive_exit_4(tmp_path, monkeypatc
     assert any("no module was compared" in m for m in report["missing"])
     assert "inconclusive: no module was compared" in printed
     assert "no module was compared" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_a_traced_only_finding_says_so_and_one_run_does_not_after_a_json_round_trip():
+    from ekka_core.contracts.report import Report, Suspect, TargetLocation, headline
+    from ekka_core.contracts.serving import SymptomCheck
+
+    one = SymptomCheck("served configuration (= the traced baseline: one run)", 1.0, False, 2.0)
+    report = Report(verdict="divergent", suspects=[Suspect(rank=1, target=TargetLocation("m", "X"), error_ratio=9.0)],
+                    serving=ServingSection(served=one, traced=one))
+    assert "traced baseline only" not in headline(Report.from_json(report.to_json()))
+    report.serving.traced = SymptomCheck("traced baseline", 9.0, True, 2.0)
+    assert "in the traced baseline only: the served configuration matches" in headline(report)
