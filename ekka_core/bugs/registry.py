@@ -48,6 +48,8 @@ ORDER = (
     "rotary_long_factor_from_wrong_position",
     "first_decode_step_context_short",
     "mlp_fp16_overflow_prescaled_down_proj",
+    # --- issue 24: real bug classes in architectures outside the first zoo, each in its own block
+    "qwen2_moe_shared_expert_gate_dropped",
     # --- test faults, not historical bugs
     "engine_crash_mid_run",
 )
@@ -64,8 +66,15 @@ BUGS: dict[str, Bug] = {b.name: b for b in (importlib.import_module(f"{cases.__n
 
 
 def get(name: str) -> Bug:
+    """The registered case ``name``, or a generic injected bug named by its parameters
+    (``scale-output:<module>:<factor>``, :mod:`ekka_core.bugs.generic`)."""
+    from ekka_core.bugs import generic
+
+    if generic.is_generic(name):
+        return generic.get(name)
     if name not in BUGS:
-        raise BadInput(f"unknown bug {name!r}", fix=f"use one of: {', '.join(sorted(BUGS))}")
+        raise BadInput(f"unknown bug {name!r}", fix=f"use one of: {', '.join(sorted(BUGS))} (or a generic "
+                                                    f"{generic.SCALE_OUTPUT}:<module>:<factor>)")
     return BUGS[name]
 
 

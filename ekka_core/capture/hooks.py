@@ -68,6 +68,40 @@ def tracer_for(writer: TraceWriter, layout: Callable[[tuple, dict], Layout], opt
                         positions=positions)
 
 
+def weight_owners(root: nn.Module) -> tuple[dict[str, list[str]], dict[str, list[float]]]:
+    """For every module of ``root``: the modules owning the parameters it computes with (its subtree's, however
+    they are reached), each parameter under the module that registered it first — so a module that holds a
+    borrowed parameter (vLLM's shared expert calls the block's ``shared_expert_gate``) lists that owner too. And for
+    every owner, :func:`weight_sums` of its own parameters: what lets the mapping tell "the same weights" by value
+    where the two frameworks name them differently."""
+    owner: dict[int, str] = {}
+    sums: dict[str, list[float]] = {}
+    for name, module in root.named_modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in owner]
+        for p in own:
+            owner[id(p)] = name
+        if own:
+            sums[name] = weight_sums(own)
+    owners = {name: sorted({owner[id(p)] for p in module.parameters() if id(p) in owner})
+              for name, module in root.named_modules()}
+    return owners, sums
+
+
+def weight_sums(params: list[torch.Tensor]) -> list[float]:
+    """(Σw, Σw²) over the values, rounded to bfloat16 and summed in float64: unchanged by what engines do to weights
+    when they load them — concatenating (qkv), stacking (experts), transposing, padding with zeros (vocabulary) —
+    and by the precision each side holds them in (bf16-rounded values of an fp32 and a bf16 copy are the same)."""
+    s1 = s2 = 0.0
+    with torch.no_grad():
+        for p in params:
+            flat = p.detach().reshape(-1)
+            for start in range(0, flat.numel(), 1 << 24):   # bounded float64 copies on a large embedding
+                x = flat[start:start + (1 << 24)].to(torch.bfloat16).to(torch.float64)
+                s1 += float(x.sum())
+                s2 += float((x * x).sum())
+    return [s1, s2]
+
+
 def kept_rows(reqs: list[Any], pos: list[int], positions: PositionRanges) -> list[int]:
     """Rows of one step to record under a positions restriction: those at a position in the set, plus — when any
     is — each request's last row in the step, where the engine samples (the logits are one row per request, and
@@ -130,6 +164,9 @@ class ModuleTracer:
                 self._child_attr[(id(module), id(child))] = attr
             self.handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._record, with_kwargs=True))
+        owners, sums = weight_owners(root)
+        # Sums taken when the engine loaded the weights, where its plugin kept them (before any repacking).
+        self.writer.run.module_weights, self.writer.run.weight_sums = owners, getattr(root, "_ekka_weight_sums", sums)
         return self
 
     def _path(self, module: nn.Module) -> str:

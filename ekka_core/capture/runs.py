@@ -55,7 +55,7 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
     if spec.target_trace:
         result.target = Path(spec.target_trace)
     fingerprint = (spec.fingerprint() + _env_fingerprint(env) + _trace_fingerprint(spec.target_trace)
-                   + _args_fingerprint(args))
+                   + _args_fingerprint(args) + f"|recorded={RECORDED}")
     if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
             and all(_complete(p) for p in (result.target, result.reference, result.reference_fp32)):
         progress("reusing traces (inputs unchanged; --fresh to re-capture)")
@@ -140,6 +140,11 @@ def _stored_scores(directory: Path) -> ReferenceScores:
         raise InternalFailure(f"the score run wrote no {SCORES_SCHEMA} scores to {directory / SCORES_FILE}; "
                               f"log: {directory / 'score.log'}")
     return scores
+
+
+# What a trace records beyond the spec's inputs; bump when the tracer starts recording something the later stages
+# need, so traces captured before are captured again rather than reused without it (2: module weight owners).
+RECORDED = 2
 
 
 def _args_fingerprint(args: dict[str, Any] | None) -> str:

@@ -9,7 +9,9 @@ alongside every other installed plugin — Ekka never changes which plugins load
   first real ``execute_model`` (warm-up passes never get there), learns each request's tokens from the rows it
   processes, and closes its index after every step, so the trace on disk is usable at any time, however the
   server is stopped; ``ekka diagnose --target-trace DIR`` then teacher-forces the reference on it;
-* ``EKKA_INJECT_BUG=<name>``: re-injects a known historical bug (benchmark and demo only).
+* ``EKKA_INJECT_BUG=<name>``: re-injects a known historical bug (benchmark and demo only);
+* ``EKKA_WEIGHT_SUMS=1`` (set by Ekka's traced runs only): sums every module's weights as loaded, before the
+  engine's post-load processing repacks them, for the mapping to compare by value (``hooks.weight_owners``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 _done = False
 TRACE_DIR_ENV = "EKKA_TRACE_DIR"
+WEIGHT_SUMS_ENV = "EKKA_WEIGHT_SUMS"
 
 
 def register() -> None:
@@ -34,10 +37,28 @@ def register() -> None:
     vllm_compat.worker_base_class().ekka_trace_control = _trace_control  # type: ignore[attr-defined]
     if os.environ.get(TRACE_DIR_ENV):
         _autostart(Path(os.environ[TRACE_DIR_ENV]))
+    if os.environ.get(WEIGHT_SUMS_ENV):
+        _sum_weights_as_loaded()
     name = os.environ.get("EKKA_INJECT_BUG")
     if name:
         from ekka_core import bugs
         bugs.get(name).inject()
+
+
+def _sum_weights_as_loaded() -> None:
+    """Wrap the loader's post-load step: the weights' sums are taken from the checkpoint's values as loaded and kept
+    on the model (``_ekka_weight_sums``), where the tracer finds them."""
+    from ekka_core.capture import vllm_compat
+    from ekka_core.capture.hooks import weight_owners
+
+    loader = vllm_compat.resolve("vllm.model_executor.model_loader.base_loader")
+    original = loader.process_weights_after_loading
+
+    def process_weights_after_loading(model: Any, *args: Any, **kwargs: Any) -> Any:
+        model._ekka_weight_sums = weight_owners(model)[1]
+        return original(model, *args, **kwargs)
+
+    loader.process_weights_after_loading = process_weights_after_loading
 
 
 def _trace_control(worker: Any, cmd: str, *args: Any) -> Any:

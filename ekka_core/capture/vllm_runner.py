@@ -29,6 +29,7 @@ from typing import Any
 
 from ekka_core.capture import vllm_compat
 from ekka_core.capture.trace import RunInfo
+from ekka_core.capture.vllm_plugin import WEIGHT_SUMS_ENV
 from ekka_core.contracts.errors import BadInput, InternalFailure, engine_start_error
 from ekka_core.contracts.serving import EngineOutputs, RequestOutcome
 from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec
@@ -153,6 +154,10 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
     """Run the spec's requests on vLLM with exactly ``args``; trace every module call into ``out_dir`` when
     ``trace``. Writes ``out_dir/outputs.json`` and returns it."""
     _engine_env(args)
+    if trace:
+        # Ekka's plugin then sums the weights as loaded, before the engine repacks them (vLLM-CPU's linears hand
+        # their values to oneDNN and keep an empty `weight`): what the mapping compares by value.
+        os.environ[WEIGHT_SUMS_ENV] = "1"
     check_engine_args(args)
     t0 = time.perf_counter()
     llm = _start(args, spec.model)

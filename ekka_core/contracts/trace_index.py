@@ -113,6 +113,13 @@ class RunInfo:
     config_changes: list[dict[str, Any]] = field(default_factory=list)
     # Every module of the model (hooked calls or not): [class, qualname, class file, line, forward file, line].
     module_classes: dict[str, list[Any]] = field(default_factory=dict)
+    # Every module of the model: the modules that own the parameters it computes with, each parameter counted once
+    # under the name it was first registered by (a parameter a module borrows — vLLM's shared-expert gate, a tied
+    # lm_head — is named after its owner). The mapping's ground truth for "both sides compute with the same
+    # weights"; None for a trace written before it was recorded.
+    module_weights: dict[str, list[str]] | None = None
+    # Per owner: (Σw, Σw²) of its own parameters, bf16-rounded (ekka_core.capture.hooks.weight_sums).
+    weight_sums: dict[str, list[float]] = field(default_factory=dict)
     # Per sequence: prompt tokens a prefix-cache hit served (those positions were not computed for it).
     cached_tokens: list[int] = field(default_factory=list)
     complete: bool = False

@@ -11,9 +11,23 @@
 4. ``attention-core`` — the engine's attention kernel module (``attn``) ↔ the input of the reference ``o_proj``.
 5. ``logits``   — the engine's ``logits_processor`` ↔ the reference model's final ``logits`` (soft-capping and
                   scaling included), at the positions the engine sampled.
-6. ``same-path`` — a module at the same dotted path in the reference (after the engine's ``hf_to_vllm_mapper``):
-                  the checkpoint tensors both load are the same, so are the components (1:1).
-7. ``unmapped`` with a reason — never silently dropped, never guessed.
+6. ``same-weights`` — the reference module that computes with the same weights: the modules owning the parameters
+                  each side's subtree uses (recorded by the tracer, however they are reached) are the same once the
+                  engine's own declarations translate them (``hf_to_vllm_mapper``, ``packed_modules_mapping``,
+                  parameters it stacks into an enclosing module such as a fused-MoE layer), and the outputs have
+                  the same width — or, where the two name them differently (HF 5's converted checkpoints), the
+                  same weights by value (Σw, Σw² of the bf16-rounded values, unchanged by concatenating, stacking,
+                  transposing or padding). The module at the same path is tried first, then any reference module
+                  computing with exactly those weights (a unique one). A parameter-free module (a plain activation) pairs with the
+                  one at its place only when both consume and produce the same widths.
+7. ``unmapped`` with a reason — never silently dropped, never guessed. A module whose name matches but whose
+                  computation does not (it also applies a weight the reference applies in its parent — vLLM's shared
+                  expert multiplies by its sigmoid gate; it consumes ``[gate|up]`` where the reference's consumes
+                  ``gate``) is unmapped with what differs: **a name match alone never makes a pair**.
+
+Rules read a module by the name the engine registered it under (``ModuleNode.registered``): a shared expert that
+vLLM's fused-MoE runner calls from inside ``experts`` is still the block's ``shared_expert``; the report names the
+call site the hooks saw.
 
 A mapping is a JSON artefact: save it, edit it, load it back (:func:`Mapping.load`).
 """
@@ -23,7 +37,7 @@ from __future__ import annotations
 from ekka_core.contracts.mapping import EXPLAINED, NO_RULE, RULES_OFF, ComponentPair, Endpoint, Mapping, Unmapped
 from ekka_core.mapping.names import _to_target_name
 from ekka_core.mapping.switch import RULES_OFF_REASON, rules_enabled
-from ekka_core.tree import ModelTree
+from ekka_core.tree import ModelTree, ModuleNode
 
 
 # Classes whose output is not an activation of the model (sampling machinery) or has no reference counterpart.
@@ -45,19 +59,25 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
     if not (rules_enabled() if rules is None else rules):
         mapping.unmapped = [Unmapped(name, node.cls, RULES_OFF_REASON, RULES_OFF) for name, node in target.modules.items()]
         return mapping
-    packed: dict[str, list[str]] = target.declared.get("packed_modules_mapping", {})
-    rename = target.declared.get("hf_to_vllm_mapper", {})
-    ref_modules = reference.modules
-    ref_path = {_to_target_name(r, rename): r for r in ref_modules}  # target-style name -> reference name
+    places = Places(target, reference)
+    packed = places.packed
     normalizer = target.declared.get("embedding_normalizer")
 
     for name, node in target.modules.items():
+        # A module object serving several call sites is read at its call site first (vLLM's one rotary_emb, called
+        # by every layer), then by the name the engine registered it under (a shared expert the fused-MoE runner
+        # calls from inside `experts` is still the block's `shared_expert`).
+        places_of = [name] + ([node.registered] if node.registered and node.registered != name else [])
         leaf = name.rsplit(".", 1)[-1]
-        parent = name.rsplit(".", 1)[0] if "." in name else ""
         cls = node.cls
 
         def ref(child: str) -> str | None:
-            return ref_path.get(f"{parent}.{child}" if parent else child)
+            for place in places_of:
+                parent = place.rsplit(".", 1)[0] if "." in place else ""
+                found = places.ref_at.get(f"{parent}.{child}" if parent else child)
+                if found:
+                    return found
+            return None
 
         if name == "":
             mapping.unmapped.append(Unmapped(name, cls, "model root: the engine returns hidden states, the "
@@ -87,7 +107,7 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
                                                Endpoint([name]), Endpoint([ref("o_proj")], port="input")))  # type: ignore[list-item]
             continue
         # 4. logits
-        if cls == "LogitsProcessor" and "" in ref_modules:
+        if cls == "LogitsProcessor" and "" in reference.modules:
             mapping.pairs.append(ComponentPair(name, "1:1", "logits ↔ reference final logits",
                                                Endpoint([name]), Endpoint([""], select="named:logits"),
                                                rows="sampled"))
@@ -97,30 +117,155 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
                                                Endpoint([name], select="all"),
                                                Endpoint([ref("apply_rotary_pos_emb")], select="all")))  # type: ignore[list-item]
             continue
-        if leaf == "rotary_emb" and name not in ref_path:
+        if leaf == "rotary_emb" and not any(p in places.ref_at for p in places_of):
             mapping.unmapped.append(Unmapped(name, cls, "the reference applies rotary embeddings with a function "
                                                         "inside attention's forward; checked through attn",
                                              EXPLAINED))
             continue
-        # 5. same path (a shared module may be called from a parent other than the one it is registered under:
-        # vLLM's MoE runner calls the block's router `gate`; its checkpoint name is the registered one)
-        same = name if name in ref_path else node.registered if node.registered in ref_path else None
-        if same is not None:
-            r = ref_path[same]
+        # 5. the reference module computing with the same weights: at the same place first, else anywhere (unique)
+        r, why_not = places.counterpart(places_of, node)
+        if r is not None:
             stream = _is_residual_stream(node.cls)
             scale = normalizer if (leaf == "embed_tokens" and normalizer and
                                    "Scaled" in reference.modules[r].cls) else None
             relation = "shared" if node.shared else "1:1"
             mapping.pairs.append(ComponentPair(
-                name, relation, "same-path" + (" (engine applies the embedding normaliser in the parent's "
-                                               "forward)" if scale else ""),
+                name, relation, places.rule(node, r) + (" (engine applies the embedding normaliser in the parent's "
+                                                        "forward)" if scale else ""),
                 Endpoint([name], select="stream" if stream else "first", scale=scale),
                 Endpoint([r]), compare_inputs=not scale and leaf != "embed_tokens",
                 input_select="stream" if stream or "Norm" in node.cls else "first"))
             continue
-        mapping.unmapped.append(Unmapped(name, cls, "no rule: no reference module at this path and no "
-                                                    "declared weight mapping", NO_RULE))
+        if why_not:
+            mapping.unmapped.append(Unmapped(name, cls, why_not, EXPLAINED))
+            continue
+        mapping.unmapped.append(Unmapped(name, cls, "no rule: no reference module at this path and none computing "
+                                                    "with the same weights", NO_RULE))
     return mapping
+
+
+class Places:
+    """Where a target module's counterpart is: reference names translated by the engine's own declarations, and
+    what each side's modules compute with (:attr:`ModuleNode.weights`)."""
+
+    def __init__(self, target: ModelTree, reference: ModelTree):
+        self.target, self.reference = target, reference
+        self.packed: dict[str, list[str]] = target.declared.get("packed_modules_mapping", {})
+        self.rename = target.declared.get("hf_to_vllm_mapper", {})
+        self.ref_at = {_to_target_name(r, self.rename): r for r in reference.modules}   # target-style → reference
+        self._fused_into = {part: fused for fused, parts in self.packed.items() for part in parts}
+        root = target.modules.get("")
+        self._target_owners = set(root.weights) if root is not None and root.weights else {
+            o for n in target.modules.values() for o in (n.weights or [])}
+        # Reference modules by the weights they compute with (as the target names them): the "anywhere" lookup.
+        self._by_weights: dict[frozenset[str], list[str]] = {}
+        for r, rnode in reference.modules.items():
+            owners = self.translated(rnode)
+            if owners:
+                self._by_weights.setdefault(owners, []).append(r)
+
+    def translated(self, rnode: ModuleNode) -> frozenset[str] | None:
+        """The owners of a reference module's weights, named as the target names them (None: not recorded)."""
+        if rnode.weights is None:
+            return None
+        return frozenset(self._as_target_owner(o) for o in rnode.weights)
+
+    def _as_target_owner(self, owner: str) -> str:
+        name = _to_target_name(owner, self.rename)
+        parent, _, leaf = name.rpartition(".")
+        if leaf in self._fused_into:                      # q_proj → qkv_proj (packed_modules_mapping)
+            name = f"{parent}.{self._fused_into[leaf]}" if parent else self._fused_into[leaf]
+        if name in self._target_owners:
+            return name
+        # A parameter the engine stacks into an enclosing module's (vLLM's FusedMoE holds every expert's gate/up/down
+        # as w13/w2): the nearest target owner enclosing it.
+        enclosing = [o for o in self._target_owners if name.startswith(o + ".")]
+        if enclosing:
+            return max(enclosing, key=len)
+        # The other way round: the engine keeps a parameter-holding module inside the one the reference has (vLLM's
+        # MoE runner `experts` holds `routed_experts`); when exactly one target owner sits under it, that is it.
+        inside = [o for o in self._target_owners if o.startswith(name + ".")]
+        return inside[0] if len(inside) == 1 else name
+
+    def counterpart(self, places_of: list[str], node: ModuleNode) -> tuple[str | None, str]:
+        """(the reference module computing what ``node`` computes, or None; why the one at its place does not).
+        ``places_of``: the module's names, call site first."""
+        why = ""
+        for place in places_of:
+            r = self.ref_at.get(place)
+            if r is None:
+                continue
+            why = self.differs(node, r)
+            if not why:
+                return r, ""
+        owners = frozenset(node.weights or ())
+        candidates = set(self._by_weights.get(owners, [])) if owners else set()
+        ours = self.target.fingerprint(node)
+        if ours is not None:
+            candidates |= {r for r, rnode in self.reference.modules.items()
+                           if _same_sums(ours, self.reference.fingerprint(rnode))}
+        found = sorted(c for c in candidates if not self.differs(node, c))
+        if len(found) == 1:
+            return found[0], ""
+        if len(found) > 1:
+            return None, (f"computes with the same weights as several reference modules ({_listed(found)}): "
+                          f"which one computes what it does is not decided by its weights")
+        return None, why
+
+    def differs(self, node: ModuleNode, r: str) -> str:
+        """Why ``node`` and reference module ``r`` do not compute the same function ("" when they do)."""
+        rnode = self.reference.modules[r]
+        ours, theirs = node.weights, self.translated(rnode)
+        if ours is None or theirs is None:
+            side = "engine's" if ours is None else "reference's"
+            return (f"not provably the same computation as the reference's {r}: the {side} trace does not record "
+                    f"which weights its modules use (traced by an older Ekka; re-run with --fresh)")
+        extra, missing = sorted(set(ours) - theirs), sorted(theirs - set(ours))
+        same_values = _same_sums(self.target.fingerprint(node), self.reference.fingerprint(rnode))
+        if (extra or missing) and not same_values:
+            words = []
+            if extra:
+                words.append(f"it also computes with {_listed(extra)}, which the reference applies outside {r}")
+            if missing:
+                words.append(f"the reference's {r} also computes with {_listed(missing)}")
+            return (f"not the same computation as the reference's {r} (same place, other weights): "
+                    f"{'; '.join(words)}; compared through the modules that own those weights")
+        if node.out_features and rnode.out_features and node.out_features != rnode.out_features:
+            return (f"not the same computation as the reference's {r}: it produces width {node.out_features}, the "
+                    f"reference's {rnode.out_features}")
+        if not ours:
+            # Parameter-free: nothing ties the two but their place, so what they consume and produce must match.
+            widths = (node.in_features, rnode.in_features, node.out_features, rnode.out_features)
+            if None in widths:
+                return (f"parameter-free and its widths were not observed on both sides: the reference's {r} "
+                        f"cannot be shown to compute the same function")
+            if self.target.tp_size == 1 and node.in_features != rnode.in_features:
+                return (f"not the same function as the reference's {r}: it consumes width {node.in_features}, the "
+                        f"reference's consumes {rnode.in_features} (a fused operand on one side)")
+        return ""
+
+    def rule(self, node: ModuleNode, r: str) -> str:
+        """The rule's words for a pair :meth:`counterpart` made."""
+        at_place = r in (self.ref_at.get(node.name), self.ref_at.get(node.registered or node.name))
+        if not node.weights:
+            return "parameter-free, same place, same widths in and out"
+        by_name = frozenset(node.weights) == self.translated(self.reference.modules[r])
+        return ("same-weights" + ("" if at_place else " (at another path)") + ("" if by_name else " by value")
+                + f" ({_listed(node.weights)})")
+
+
+def _same_sums(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    """The same weights by value: (Σw, Σw²) of the bf16-rounded values agree to float64 summation-order error
+    (loose enough for a parameter one side keeps in fp32 and rounds twice elsewhere; a different tensor of the same
+    shape and init differs in Σw by about √Σw²)."""
+    if a is None or b is None or not (a[1] > 0 and b[1] > 0):
+        return False
+    return abs(a[1] - b[1]) <= 1e-5 * max(a[1], b[1]) and abs(a[0] - b[0]) <= 1e-4 * max(a[1], b[1]) ** 0.5
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _is_residual_stream(cls: str) -> bool:

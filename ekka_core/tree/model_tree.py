@@ -27,6 +27,10 @@ class ModuleNode:
     shared: bool = False           # one module object called from several places (vLLM's rotary_emb)
     registered: str | None = None  # for a shared module called here: the name it is registered under
     out_features: int | None = None
+    in_features: int | None = None   # width of the first floating-point input (what the module consumes)
+    # The modules owning the parameters this one computes with (see RunInfo.module_weights), in this framework's
+    # names; None when the trace did not record them.
+    weights: list[str] | None = None
 
 
 @dataclass
@@ -34,6 +38,15 @@ class ModelTree:
     framework: str
     modules: dict[str, ModuleNode] = field(default_factory=dict)   # in execution (first completion) order
     declared: dict[str, Any] = field(default_factory=dict)
+    tp_size: int = 1     # a tensor-parallel trace, unsharded: outputs are whole, some inputs are still slices
+    weight_sums: dict[str, list[float]] = field(default_factory=dict)   # per owner: (Σw, Σw²), RunInfo.weight_sums
+
+    def fingerprint(self, node: ModuleNode) -> tuple[float, float] | None:
+        """(Σw, Σw²) over every weight ``node`` computes with, or None when not recorded or parameter-free."""
+        # An owner whose values sum to nothing was not observable (an engine that repacked it after loading).
+        if not node.weights or any(o not in self.weight_sums or not self.weight_sums[o][1] > 0 for o in node.weights):
+            return None
+        return (sum(self.weight_sums[o][0] for o in node.weights), sum(self.weight_sums[o][1] for o in node.weights))
 
     def to_json(self) -> dict[str, Any]:
         return {"framework": self.framework, "declared": self.declared,
@@ -63,15 +76,20 @@ class ModelTree:
 def build_tree(trace: "Trace") -> ModelTree:
     from ekka_core.capture.trace import TensorRef
 
-    tree = ModelTree(framework=trace.run.framework, declared=dict(trace.run.declared))
+    tree = ModelTree(framework=trace.run.framework, declared=dict(trace.run.declared), tp_size=trace.run.tp_size,
+                     weight_sums=dict(trace.run.weight_sums))
     shared_names: set[str] = set()
+    weights = trace.run.module_weights
     for call in trace.calls:
         node = tree.modules.get(call.module)
         if node is None:
             first = next((o for o in call.outputs if isinstance(o, TensorRef)), None)
+            consumed = next((i for i in call.inputs if isinstance(i, TensorRef) and i.is_float), None)
             node = ModuleNode(call.module, call.cls, call.qualname, call.class_file, call.class_line,
                               call.forward_file, call.forward_line, first_call=call.index,
-                              out_features=first.shape[-1] if first and first.shape else None)
+                              out_features=first.shape[-1] if first and first.shape else None,
+                              in_features=consumed.shape[-1] if consumed and consumed.shape else None,
+                              weights=weights.get(call.shared_as or call.module) if weights is not None else None)
             tree.modules[call.module] = node
         node.calls += 1
         if call.shared_as:

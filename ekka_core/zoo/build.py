@@ -28,7 +28,7 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
     config_dict = recipe(arch)
     config_dict.update(overrides or {})
     key = recipe_hash(arch, overrides)
-    target = (root or zoo_dir()) / f"{arch}-{key}"
+    target = (root or zoo_dir()) / f"{arch.replace(':', '-')}-{key}"
     if (target / "ekka-zoo.json").exists():
         return target
 
@@ -39,10 +39,11 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
     hf_logging.disable_progress_bar()
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{arch}-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{arch.replace(':', '-')}-", dir=target.parent))
     try:
         model_type = config_dict.pop("model_type")
         embed_scale = config_dict.pop("_embed_scale", None)
+        architectures = config_dict.pop("_architectures", None)
         config = AutoConfig.for_model(model_type, **config_dict)
         config.dtype = "float32"
         torch.manual_seed(seed)
@@ -53,7 +54,12 @@ def build_model(arch: str, *, overrides: dict[str, Any] | None = None, seed: int
                 model.get_input_embeddings().weight.mul_(embed_scale)
         model.save_pretrained(staging, safe_serialization=True)
         _declare_dtype(staging, CHECKPOINT_DTYPE)
-        _train_tokenizer(staging, config_dict)
+        if architectures:
+            _declare_architectures(staging, architectures)
+        # the sizes as the config resolved them (a generated recipe may name them n_embd, n_positions, …)
+        _train_tokenizer(staging, {"vocab_size": config.vocab_size,
+                                   "max_position_embeddings": getattr(config, "max_position_embeddings", None)
+                                   or config_dict.get("max_position_embeddings", 512)})
         _readable_by_transformers_4(staging)
         (staging / "ekka-zoo.json").write_text(json.dumps(
             {"arch": arch, "recipe_hash": key, "seed": seed, "zoo_version": ZOO_VERSION}, indent=2))
@@ -72,6 +78,15 @@ def _declare_dtype(directory: Path, dtype: str) -> None:
     cfg = directory / "config.json"
     config = json.loads(cfg.read_text())
     config["dtype"] = dtype
+    cfg.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _declare_architectures(directory: Path, architectures: list[str]) -> None:
+    """Name the class vLLM registers where its spelling differs from HF's (``PhiMoEForCausalLM`` for HF's
+    ``PhimoeForCausalLM``, as the real checkpoints do): HF picks its class by ``model_type``, vLLM by this."""
+    cfg = directory / "config.json"
+    config = json.loads(cfg.read_text())
+    config["architectures"] = list(architectures)
     cfg.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

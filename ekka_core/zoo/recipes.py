@@ -75,6 +75,12 @@ RECIPES: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
                   "decoder_sparse_step": 1, "norm_topk_prob": True, "mlp_only_layers": []},
+    # A shared expert (gated by a sigmoid of its own linear) beside the routed experts; vLLM's fused-MoE runner calls
+    # it from inside `experts`. Unrenormalised top-k, as the released Qwen1.5/Qwen2-MoE checkpoints.
+    "qwen2_moe": {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
+                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+                  "shared_expert_intermediate_size": 256, "decoder_sparse_step": 1, "norm_topk_prob": False,
+                  "mlp_only_layers": [], "use_sliding_window": False},
 }
 
 # Text the tokenizer is trained on. Any fixed text works; this one resembles the prompts tests use.
@@ -90,11 +96,19 @@ def add(a, b): return a + b  # code is text too, with brackets, colons and comme
 
 
 def known_architectures() -> list[str]:
+    """The hand-written recipes (the architectures Ekka is tuned to). ``sweep:<model_type>`` names a generated one
+    (:mod:`ekka_core.zoo.sweep`)."""
     return sorted(RECIPES)
 
 
 def recipe(arch: str) -> dict[str, Any]:
-    """The full HF config dict for ``arch`` (the base merged with the architecture's overrides)."""
+    """The full HF config dict for ``arch`` (the base merged with the architecture's overrides); for
+    ``sweep:<model_type>`` the recipe generated from the installed HF config class (not merged with the base: its
+    sizes come from the class's own attribute names)."""
+    if arch.startswith("sweep:"):
+        from ekka_core.zoo.sweep import generated_recipe
+
+        return generated_recipe(arch.removeprefix("sweep:"))
     if arch not in RECIPES:
         raise BadInput(
             f"unknown zoo architecture {arch!r}",

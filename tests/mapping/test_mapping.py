@@ -6,12 +6,14 @@ GQA shapes as in the zoo: hidden 256, 4 heads × 64, 2 KV heads × 64 → q 256,
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 
 import pytest
 
 from ekka_core.mapping import ComponentPair, Endpoint, Mapping, Unmapped, map_components
 from ekka_core.tree import ModelTree, ModuleNode
+from owners import derive_weights
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 N_LAYERS = 2
@@ -24,7 +26,7 @@ def _tree(framework: str, spec: list[tuple[str, str, int | None]], declared: dic
         tree.modules[name] = ModuleNode(name, cls, f"pkg.{cls}", f"/src/{framework}/{cls.lower()}.py", 10 + i,
                                         f"/src/{framework}/{cls.lower()}.py", 20 + i, calls=1, first_call=i,
                                         shared=name in shared, out_features=out)
-    return tree
+    return derive_weights(tree)
 
 
 def vllm_tree(extra: list[tuple[str, str, int | None]] = (), declared: dict | None = None,
@@ -151,7 +153,7 @@ def test_rotary_embedding_is_unmapped_with_a_reason(mapping):
 
 def test_decoder_layer_compares_the_summed_residual_stream(mapping):
     p = mapping.pair("model.layers.0")
-    assert p is not None and p.relation == "1:1" and p.rule.startswith("same-path")
+    assert p is not None and p.relation == "1:1" and p.rule.startswith("same-weights")
     assert p.target.select == "stream" and p.reference.select == "first"
     assert p.reference.modules == ["model.layers.0"]
     # plain 1:1 modules compare their inputs too; non-layers select the first output
@@ -296,3 +298,201 @@ def test_validate_decides_by_status_not_by_the_reason_wording():
     u.status = "explained"
     u.reason = "no rule: wording left over from an edit"
     assert m.validate(target.modules) == []                             # explained, whatever the wording
+
+
+# -- pairs come from what both sides compute, never from a name alone ------------------------------------------
+
+GROUNDED_RULES = ("packed_modules_mapping[", "gated-activation", "attention-core", "logits ↔", "rotary ↔",
+                  "same-weights", "parameter-free, same place, same widths")
+
+
+def test_every_pair_is_grounded_in_a_declaration_a_known_computation_or_the_same_weights(mapping):
+    """A pair's rule names its ground; a same-weights pair's two sides own the same weights (the reference's
+    named as the engine names them)."""
+    target, reference = vllm_tree(), hf_tree()
+    for p in mapping.pairs:
+        assert p.rule.startswith(GROUNDED_RULES), p
+        if p.rule.startswith("same-weights"):
+            ours = set(target.modules[p.component].weights)
+            theirs = {re.sub(r"\.(gate|up)_proj$", ".gate_up_proj", re.sub(r"\.[qkv]_proj$", ".qkv_proj", o))
+                      for o in reference.modules[p.reference.modules[0]].weights}
+            assert ours == theirs and ours, p
+
+
+def test_a_name_match_alone_never_makes_a_pair():
+    """Same path, other weights (the reference's module also applies a linear the engine's does not) → unmapped,
+    with what differs; the layer above, which owns both, still pairs."""
+    reference = hf_tree()
+    ref_mlp = reference.modules["model.layers.0.mlp"]
+    reference.modules["model.layers.0.mlp.scaler"] = ModuleNode("model.layers.0.mlp.scaler", "Linear", "pkg.Linear",
+                                                                None, None, None, None, out_features=256)
+    ref_mlp.weights = sorted(ref_mlp.weights + ["model.layers.0.mlp.scaler"])
+    target = vllm_tree()
+    target.modules["model.layers.0"].weights.append("model.layers.0.mlp.scaler")   # the layer owns it on both sides
+    reference.modules["model.layers.0"].weights.append("model.layers.0.mlp.scaler")
+    m = map_components(target, reference)
+    assert m.pair("model.layers.0.mlp") is None
+    u = _unmapped(m, "model.layers.0.mlp")
+    assert u is not None and not u.open
+    assert "same place, other weights" in u.reason and "model.layers.0.mlp.scaler" in u.reason
+    assert m.pair("model.layers.1.mlp") is not None                # the unchanged layer still pairs
+    assert m.pair("model.layers.0.mlp.down_proj") is not None      # so do the parts
+
+
+def test_a_parameter_free_module_consuming_another_width_is_unmapped_with_its_reason():
+    """vLLM's SiluAndMul consumes [gate|up] (2·I) and multiplies; HF's act_fn consumes gate (I). Where no rule
+    knows the fused activation (no down_proj beside it), the name match must not pair them."""
+    target = vllm_tree(extra=[("model.layers.0.extra.act", "FusedActThing", 512)])
+    reference = hf_tree()
+    reference.modules["model.layers.0.extra.act"] = ModuleNode("model.layers.0.extra.act", "SiLUActivation", "pkg",
+                                                               None, None, None, None, out_features=512,
+                                                               in_features=512, weights=[])
+    target.modules["model.layers.0.extra.act"].in_features = 1024
+    m = map_components(target, reference)
+    u = _unmapped(m, "model.layers.0.extra.act")
+    assert m.pair("model.layers.0.extra.act") is None
+    assert u is not None and "consumes width 1024" in u.reason and "512" in u.reason
+    # Same widths both ways: a plain activation at its place pairs, and says on what ground.
+    target.modules["model.layers.0.extra.act"].in_features = 512
+    p = map_components(target, reference).pair("model.layers.0.extra.act")
+    assert p is not None and p.rule.startswith("parameter-free")
+
+
+def test_a_trace_without_weight_ownership_pairs_nothing_by_name():
+    target, reference = vllm_tree(), hf_tree()
+    for node in target.modules.values():
+        node.weights = None
+    m = map_components(target, reference)
+    assert m.pair("model.layers.0.mlp.down_proj") is None and m.pair("model.layers.0") is None
+    u = _unmapped(m, "model.layers.0.mlp.down_proj")
+    assert u is not None and "does not record which weights" in u.reason
+    # What the engine declares (packed modules) and known computations still pair.
+    assert m.pair("model.layers.0.self_attn.qkv_proj") is not None and m.pair("model.layers.0.mlp.act_fn") is not None
+
+
+def test_same_weights_at_another_path_pairs_without_a_declared_rename():
+    """A module the engine calls under another path than the checkpoint's (a wrapper holding the block, its
+    parameters registered at the checkpoint's names — as vLLM's fused-MoE runner holds the shared expert): the
+    reference module computing with exactly the same weights is its counterpart, wherever it sits — when it is the
+    only one."""
+    target = vllm_tree()
+    renamed = ModelTree("vllm", declared=target.declared)
+    for name, node in target.modules.items():
+        new = name.replace("layers.0.mlp", "layers.0.ffn_runner._block")
+        node.name = new
+        renamed.modules[new] = node
+    m = map_components(renamed, hf_tree())
+    p = m.pair("model.layers.0.ffn_runner._block.down_proj")
+    assert p is not None and p.reference.modules == ["model.layers.0.mlp.down_proj"]
+    assert p.rule.startswith("same-weights (at another path)")
+    assert m.pair("model.layers.0.ffn_runner._block").reference.modules == ["model.layers.0.mlp"]
+
+
+def _qwen2_moe_trees() -> tuple[ModelTree, ModelTree]:
+    """Layer 0 of Qwen2-MoE as vLLM 0.32 runs it and HF 5 defines it (read from both sources): vLLM's fused-MoE
+    layer calls the shared expert itself (call site ``experts._shared_experts._layer``, registered as the block's
+    ``shared_expert``), and that shared expert multiplies by ``sigmoid(shared_expert_gate(x))`` inside its own
+    forward; HF's block applies that gate after its shared expert returns."""
+    B, S = "model.layers.0.mlp", "model.layers.0.mlp.experts._shared_experts._layer"
+    t_spec = [(f"{B}.gate", "GateLinear", 4), (f"{S}.gate_up_proj", "MergedColumnParallelLinear", 256),
+              (f"{S}.act_fn", "SiluAndMul", 128), (f"{S}.down_proj", "RowParallelLinear", 256),
+              (f"{S}.expert_gate", "ReplicatedLinear", 1), (S, "Qwen2MoeMLP", 256),
+              (f"{B}.experts", "FusedMoE", 256), (B, "Qwen2MoeSparseMoeBlock", 256)]
+    target = _tree("vllm", t_spec, {"packed_modules_mapping": PACKED})
+    registered = {S: f"{B}.shared_expert", f"{S}.expert_gate": f"{B}.shared_expert_gate"}
+    for name, node in target.modules.items():
+        if name.startswith(S):
+            node.registered = registered.get(name, name.replace(S, f"{B}.shared_expert"))
+    owners = {f"{B}.gate", f"{B}.shared_expert.gate_up_proj", f"{B}.shared_expert.down_proj",
+              f"{B}.shared_expert_gate", f"{B}.experts"}
+    shared = sorted(o for o in owners if "shared" in o)
+    weights = {f"{B}.gate": [f"{B}.gate"], f"{S}.gate_up_proj": [f"{B}.shared_expert.gate_up_proj"],
+               f"{S}.act_fn": [], f"{S}.down_proj": [f"{B}.shared_expert.down_proj"],
+               f"{S}.expert_gate": [f"{B}.shared_expert_gate"], S: shared,
+               f"{B}.experts": sorted([f"{B}.experts"] + shared), B: sorted(owners)}
+    for name, w in weights.items():
+        target.modules[name].weights = w
+    target.modules[f"{S}.act_fn"].in_features = 256
+    H = f"{B}.shared_expert"
+    r_spec = [(f"{B}.gate", "Qwen2MoeTopKRouter", 4), (f"{B}.experts", "Qwen2MoeExperts", 256),
+              (f"{H}.gate_proj", "Linear", 128), (f"{H}.act_fn", "SiLUActivation", 128), (f"{H}.up_proj", "Linear", 128),
+              (f"{H}.down_proj", "Linear", 256), (H, "Qwen2MoeMLP", 256), (f"{B}.shared_expert_gate", "Linear", 1),
+              (B, "Qwen2MoeSparseMoeBlock", 256)]
+    reference = _tree("hf", r_spec)
+    reference.modules[f"{B}.gate"].weights = [f"{B}.gate"]          # a router class: owns its linear's weight
+    reference.modules[B].weights = sorted(reference.modules[B].weights + [f"{B}.gate"])
+    reference.modules[f"{H}.act_fn"].in_features = 128
+    return target, reference
+
+
+def test_qwen2_moe_shared_expert_called_inside_the_fused_moe_layer():
+    """Issue 24's Qwen2-MoE: the shared expert's SiluAndMul was paired with HF's act_fn by name, and blamed. Now
+    its parts map through the name vLLM registered them under; the shared expert (it applies the gate HF applies
+    outside) and the fused experts (routed + shared) are unmapped, saying why; the block pairs (same weights)."""
+    target, reference = _qwen2_moe_trees()
+    m = map_components(target, reference)
+    B, S = "model.layers.0.mlp", "model.layers.0.mlp.experts._shared_experts._layer"
+    act = m.pair(f"{S}.act_fn")
+    assert act is not None and act.reference.modules == [f"{B}.shared_expert.down_proj"]
+    assert act.reference.port == "input" and act.rule.startswith("gated-activation")
+    gate_up = m.pair(f"{S}.gate_up_proj")
+    assert gate_up is not None and gate_up.reference.modules == [f"{B}.shared_expert.gate_proj",
+                                                                 f"{B}.shared_expert.up_proj"]
+    assert m.pair(f"{S}.down_proj").reference.modules == [f"{B}.shared_expert.down_proj"]
+    assert m.pair(f"{S}.expert_gate").reference.modules == [f"{B}.shared_expert_gate"]
+    shared = _unmapped(m, S)
+    assert shared is not None and m.pair(S) is None
+    assert f"{B}.shared_expert_gate" in shared.reason and "outside" in shared.reason
+    experts = _unmapped(m, f"{B}.experts")
+    assert experts is not None and m.pair(f"{B}.experts") is None and "shared_expert" in experts.reason
+    block = m.pair(B)
+    assert block is not None and block.reference.modules == [B] and block.rule.startswith("same-weights")
+    assert m.validate(target.modules) == []
+
+
+def test_weight_sums_survive_what_engines_do_to_weights_at_load():
+    """Concatenated (qkv), stacked (experts), transposed, zero-padded (vocabulary), held in fp32 on one side and
+    bf16 on the other: the same values give the same sums; another tensor of the same shape does not."""
+    import torch
+
+    from ekka_core.capture.hooks import weight_sums
+    from ekka_core.mapping.rules import _same_sums
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(64, 32, generator=g) for _ in range(3))
+    parts = weight_sums([q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)])
+    assert _same_sums(weight_sums([torch.cat([q, k, v])]), parts)                       # fp32, fused
+    assert _same_sums(weight_sums([torch.stack([q, k, v]).transpose(1, 2)]), parts)     # stacked, transposed
+    assert _same_sums(weight_sums([torch.cat([q, k, v, torch.zeros(8, 32)])]), parts)   # padded rows
+    other = torch.randn(192, 32, generator=g)
+    assert not _same_sums(weight_sums([other]), parts)
+    assert not _same_sums(weight_sums([torch.zeros(4)]), weight_sums([torch.zeros(4)]))   # nothing to tell by
+
+
+def test_same_weights_by_value_pairs_modules_the_two_frameworks_name_differently():
+    """vLLM's Mixtral names its MoE block `block_sparse_moe`, HF 5's `mlp`, and no mapper says so: the block and
+    its router pair because they compute with the same values; a module whose values differ does not."""
+    target, reference = vllm_tree(), hf_tree()
+    renamed = ModelTree("vllm", declared=target.declared)
+    for name, node in target.modules.items():
+        new = name.replace(".mlp", ".block_sparse_moe")
+        node.name = new
+        node.weights = [w.replace(".mlp", ".block_sparse_moe") for w in node.weights]
+        renamed.modules[new] = node
+    values: dict[str, list[float]] = {}
+    for i, owner in enumerate(sorted({o for n in reference.modules.values() for o in n.weights})):
+        values[owner] = [0.5 * i - 3.0, 10.0 + 7.0 * i]
+    reference.weight_sums = values
+    fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    for owner in {o for n in renamed.modules.values() for o in n.weights}:
+        parent, leaf = owner.replace(".block_sparse_moe", ".mlp").rsplit(".", 1)
+        parts = [f"{parent}.{p}" for p in fused.get(leaf, (leaf,))]
+        renamed.weight_sums[owner] = [sum(values[p][0] for p in parts), sum(values[p][1] for p in parts)]
+    m = map_components(renamed, reference)
+    block = m.pair("model.layers.0.block_sparse_moe")
+    assert block is not None and block.reference.modules == ["model.layers.0.mlp"]
+    assert "by value" in block.rule and "at another path" in block.rule
+    assert m.pair("model.layers.1.block_sparse_moe.down_proj").reference.modules == ["model.layers.1.mlp.down_proj"]
+    renamed.weight_sums["model.layers.1.block_sparse_moe.down_proj"][0] += 1.0     # other values: no pair
+    m = map_components(renamed, reference)
+    assert m.pair("model.layers.1.block_sparse_moe.down_proj") is None
+    assert m.pair("model.layers.1.block_sparse_moe") is None

@@ -11,6 +11,7 @@ from ekka_core.capture.trace import ModuleCall, RunInfo, Step, Trace, TraceWrite
 from ekka_core.mapping import ComponentPair, Endpoint, Mapping
 from ekka_core.tree import ModelTree, ModuleNode
 from fake_anthropic import FakeAnthropic, text, tool_use
+from owners import derive_weights
 
 FANCY = "model.layers.0.mlp.fancy_proj"
 DENSE = "model.layers.0.mlp.dense_h_to_4h"
@@ -51,7 +52,7 @@ def tree_of(framework: str, spec: list[tuple[str, str, int | None]], src: Path) 
         line = {"WeirdLinear": 5, "FusedUp": 16}.get(cls, 1)
         tree.modules[name] = ModuleNode(name, cls, f"toy_model.{cls}", str(src), line, str(src), line + 5, calls=1,
                                         first_call=i, out_features=out)
-    return tree
+    return derive_weights(tree)
 
 
 def toy_trees(src: Path, layers: int = 1, fused: bool = False) -> tuple[ModelTree, ModelTree]:
