@@ -59,6 +59,12 @@ class AlignedPairs:
 
 def align(mapping: Mapping, traces: Traces) -> AlignedPairs:
     prove_alignment(traces)
+    if traces.target.embedding_scale is not None:
+        name, factor = traces.target.embedding_scale
+        pair = mapping.pair(name)
+        if pair is not None and pair.target.scale is None:
+            pair.target.scale, pair.compare_inputs = factor, False
+            pair.rule += f" (engine multiplies the embedding by {factor:.4g} in the parent's forward: measured)"
     order = {}
     for c in traces.target.calls:
         order.setdefault(c.module, c.index)

@@ -97,7 +97,7 @@ def _select(trace: Trace, call: ModuleCall, ep: Endpoint) -> torch.Tensor | None
     if not tensors:
         return None
     first = trace.tensor(tensors[0]).float()
-    if ep.select == "stream":
+    if ep.select == "stream" and trace.stream_summed:
         # vLLM's residual stream travels as (hidden, residual): their sum is HF's single hidden state.
         for r in tensors[1:2]:
             if r.shape == tensors[0].shape:

@@ -99,6 +99,13 @@ class Trace(TraceIndex):
         super().__init__(directory)
         self._handles: dict[int, Any] = {}
         self._bytes_read = 0
+        # How this engine's decoder layers carry the residual stream (settled by the alignment proof from the trace
+        # itself): True — (delta, residual), summed back (vLLM's Llama); False — the first output already is the
+        # whole stream (vLLM's StableLM, Cohere return (stream, stream before the block)).
+        self.stream_summed = True
+        # (embedding module, constant) the engine multiplies its embedding by outside the module, measured by the
+        # alignment proof where the engine declares none (None: none found).
+        self.embedding_scale: tuple[str, float] | None = None
 
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         h = self._handles.get(ref.shard)

@@ -101,10 +101,15 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
             mapping.pairs.append(ComponentPair(name, "1:1", "gated-activation ↔ input of down_proj",
                                                Endpoint([name]), Endpoint([ref("down_proj")], port="input")))  # type: ignore[list-item]
             continue
-        # 3. attention core (kernel) ↔ what the reference feeds o_proj
-        if leaf == "attn" and ref("o_proj"):
-            mapping.pairs.append(ComponentPair(name, "1:1", "attention-core ↔ input of o_proj",
-                                               Endpoint([name]), Endpoint([ref("o_proj")], port="input")))  # type: ignore[list-item]
+        # 3. attention core (kernel) ↔ what the reference feeds its attention's output projection: `o_proj`, or
+        # (GPT-2's c_proj, Falcon's dense, OPT's out_proj) the last weighted child the reference attention calls,
+        # consuming what the kernel produces
+        # (a kernel holds no weights: GPT-2's attention *block* is also named `attn`)
+        kernel = leaf == "attn" and not node.weights
+        out_proj = (ref("o_proj") or places.output_projection(places_of, node)) if kernel else None
+        if out_proj:
+            mapping.pairs.append(ComponentPair(name, "1:1", f"attention-core ↔ input of {out_proj.rsplit('.', 1)[-1]}",
+                                               Endpoint([name]), Endpoint([out_proj], port="input")))
             continue
         # 4. logits
         if cls == "LogitsProcessor" and "" in reference.modules:
@@ -211,6 +216,23 @@ class Places:
             return None, (f"computes with the same weights as several reference modules ({_listed(found)}): "
                           f"which one computes what it does is not decided by its weights")
         return None, why
+
+    def output_projection(self, places_of: list[str], node: ModuleNode) -> str | None:
+        """The reference attention's output projection, by call order and width: of the reference module at the
+        kernel's parent place, the weighted child called last, when it consumes the width the kernel produces."""
+        for place in places_of:
+            parent = place.rsplit(".", 1)[0] if "." in place else ""
+            r_parent = self.ref_at.get(parent)
+            if r_parent is None:
+                continue
+            children = [(n, c) for n, c in self.reference.modules.items()
+                        if n.rsplit(".", 1)[0] == r_parent and n != r_parent and c.weights]
+            if not children:
+                continue
+            last, child = max(children, key=lambda nc: nc[1].first_call)
+            if node.out_features and child.in_features == node.out_features:
+                return last
+        return None
 
     def differs(self, node: ModuleNode, r: str) -> str:
         """Why ``node`` and reference module ``r`` do not compute the same function ("" when they do)."""

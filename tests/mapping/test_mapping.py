@@ -496,3 +496,23 @@ def test_same_weights_by_value_pairs_modules_the_two_frameworks_name_differently
     m = map_components(renamed, reference)
     assert m.pair("model.layers.1.block_sparse_moe.down_proj") is None
     assert m.pair("model.layers.1.block_sparse_moe") is None
+
+
+def test_attention_kernel_maps_to_the_input_of_whatever_projection_the_reference_calls_last():
+    """GPT-2 names its output projection c_proj (Falcon dense, OPT out_proj): by call order and width, the
+    reference attention's last weighted child consuming what the kernel produces. The attention *block* of GPT-2 is
+    also named `attn`: it holds weights, so it is no kernel."""
+    A = "transformer.h.0.attn"
+    target = derive_weights(_tree("vllm", [(f"{A}.c_attn", "QKVParallelLinear", 768), (f"{A}.attn", "Attention", 256),
+                                           (f"{A}.c_proj", "RowParallelLinear", 256), (A, "GPT2Attention", 256)]))
+    reference = derive_weights(_tree("hf", [(f"{A}.c_attn", "Conv1DLinear", 768), (f"{A}.c_proj", "Conv1DLinear", 256),
+                                            (A, "GPT2Attention", 256)]))
+    reference.modules[f"{A}.c_proj"].in_features = 256
+    m = map_components(target, reference)
+    kernel = m.pair(f"{A}.attn")
+    assert kernel is not None and kernel.reference.modules == [f"{A}.c_proj"] and kernel.reference.port == "input"
+    block = m.pair(A)
+    assert block is not None and block.reference.modules == [A] and block.rule.startswith("same-weights")
+    # a projection consuming another width is not what the kernel feeds
+    reference.modules[f"{A}.c_proj"].in_features = 512
+    assert map_components(target, reference).pair(f"{A}.attn") is None
