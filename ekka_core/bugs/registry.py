@@ -50,6 +50,7 @@ ORDER = (
     "mlp_fp16_overflow_prescaled_down_proj",
     # --- issue 24: real bug classes in architectures outside the first zoo, each in its own block
     "qwen2_moe_shared_expert_gate_dropped",
+    "mixtral_router_weights_not_renormalised",
     "cohere_logit_scale_ignored",
     "falcon_parallel_mlp_own_layernorm",
     # --- test faults, not historical bugs
