@@ -2,7 +2,8 @@
 resolved by :func:`ekka_core.bugs.get` like the historical cases.
 
 ``scale-output:<module>:<factor>`` — after vLLM loads the model, the output of the module named ``<module>`` (vLLM's
-name, e.g. ``model.layers.1.mlp``) is multiplied by ``<factor>``: its first tensor where it returns a tuple (a vLLM
+name, e.g. ``model.layers.1.mlp``) is multiplied by ``<factor>`` on the first half of its features (a uniform scale
+would vanish behind a norm): its first tensor where it returns a tuple (a vLLM
 linear layer returns ``(out, bias)``, a decoder layer ``(hidden, residual)``).
 
 Where it runs: the plugin (:mod:`ekka_core.capture.vllm_plugin`) calls the bug's ``inject`` at registration in every
@@ -54,13 +55,21 @@ def get(name: str) -> Bug:
 
 
 def scaled(output: Any, factor: float) -> Any:
-    """``output`` with its first tensor multiplied by ``factor`` (a tuple or list keeps its other members)."""
+    """``output`` with the first half of its first tensor's features multiplied by ``factor`` (a tuple or list keeps
+    its other members). Half, not all: a uniform scale is invisible behind a norm — Gemma 2 and 3 normalise the MLP's
+    and the attention's outputs (post-feedforward / post-attention norms), so a uniformly scaled block computes
+    exactly what a correct one does."""
     import torch
 
+    def half(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t[..., : max(t.shape[-1] // 2, 1)] *= factor
+        return t
+
     if isinstance(output, torch.Tensor):
-        return output * factor
+        return half(output)
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return type(output)([output[0] * factor, *output[1:]])
+        return type(output)([half(output[0]), *output[1:]])
     raise TypeError(f"cannot scale an output of type {type(output).__name__} (no leading tensor)")
 
 

@@ -25,14 +25,21 @@ def _vllm(module_name: str, *attrs: str) -> Any:
     return vllm_compat().resolve(".".join((module_name, *attrs)))
 
 
-def _wrap_get_rope(module_name: str, **forced: Any) -> None:
-    """Make a model file's ``get_rope`` ignore part of the config (the model file is where these bugs lived)."""
+def force_kwargs(module_name: str, attr: str, **forced: Any) -> None:
+    """Make a model file call ``attr`` (a factory or class it imported: ``get_rope``, ``FusedMoEFactory``,
+    ``LogitsProcessor``) with some keyword arguments forced — a value, or a function of the one passed: the model file
+    is where these bugs lived."""
     mod = _vllm(module_name)
-    original = mod.get_rope
+    original = getattr(mod, attr)
 
-    def get_rope(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         for key, value in forced.items():
             kwargs[key] = value(kwargs.get(key)) if callable(value) else value
         return original(*args, **kwargs)
 
-    mod.get_rope = get_rope
+    setattr(mod, attr, call)
+
+
+def _wrap_get_rope(module_name: str, **forced: Any) -> None:
+    """Make a model file's ``get_rope`` ignore part of the config."""
+    force_kwargs(module_name, "get_rope", **forced)

@@ -191,9 +191,13 @@ def test_scaled_output_is_what_hooks_registered_before_and_after_see():
     model.proj.register_forward_hook(lambda m, a, out: seen.append(("after", out[0].clone())))
     x = torch.ones(1, 3)
     y = model(x)
-    assert torch.equal(y, torch.full((1, 3), 6.0))
+    assert torch.equal(y, torch.tensor([[6.0, 3.0, 3.0]]))     # the first half of the features, scaled
     assert [w for w, _ in seen] == ["before", "after"] and all(torch.equal(t, y) for _, t in seen)
     assert generic.scaled((torch.ones(2), torch.ones(2)), 3.0)[1].sum() == 2      # only the first tensor
+    # a norm after the module cannot undo it (a uniform scale it would)
+    out = torch.randn(4, 8)
+    rms = lambda t: t / t.pow(2).mean(-1, keepdim=True).sqrt()   # noqa: E731
+    assert not torch.allclose(rms(generic.scaled(out, 1.5)), rms(out))
     with pytest.raises(BadInput, match="no module 'proj2'"):
         generic.wrap_module(model, "proj2", 2.0)
 

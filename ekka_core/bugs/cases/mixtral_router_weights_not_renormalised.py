@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ekka_core.bugs.bug import Bug
-from ekka_core.bugs.vllm_access import vllm_compat
+from ekka_core.bugs.vllm_access import force_kwargs
 
 
 def _router_weights_not_renormalised() -> None:
     """HabanaAI/vllm-fork #73 ("Normalize router weights in MoE OP … to improve mixtral accuracy"): the fused MoE
     combined the top-k experts with their softmax probabilities as they are, not renormalised over the chosen k
     (the same class as SGLang #35160's renormalize=False path). Re-injected into vLLM's Mixtral."""
-    mixtral = vllm_compat().model_module("mixtral")
-    original = mixtral.FusedMoEFactory
-
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        kwargs["renormalize"] = False
-        return original(*args, **kwargs)
-
-    mixtral.FusedMoEFactory = factory
+    force_kwargs("vllm.model_executor.models.mixtral", "FusedMoEFactory", renormalize=False)
 
 
 BUG = Bug("mixtral-router-weights-not-renormalised", "sweep:mixtral",

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ekka_core.bugs.bug import Bug
-from ekka_core.bugs.vllm_access import vllm_compat
+from ekka_core.bugs.vllm_access import force_kwargs
 
 
 def _moe_wrong_activation() -> None:
     """vLLM fix #41574 (Gemma 4 MoE: the fused experts got the wrong GELU); the same pattern — the fused-MoE
     experts built with a different activation than the model's — injected into Qwen3-MoE (exact GELU for SiLU)."""
-    qwen3_moe = vllm_compat().model_module("qwen3_moe")
-
-    original = qwen3_moe.FusedMoEFactory
-
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        kwargs["activation"] = "gelu"
-        return original(*args, **kwargs)
-
-    qwen3_moe.FusedMoEFactory = factory
+    force_kwargs("vllm.model_executor.models.qwen3_moe", "FusedMoEFactory", activation="gelu")
 
 
 BUG = Bug("qwen3-moe-experts-wrong-activation", "qwen3_moe",
