@@ -82,10 +82,11 @@ class RowCheck(ComparisonCheck):
                                             statistic=largest_statistic(stats)))
         n_rows = max(len(rows) for _, rows in stats)
         largest = largest_statistic(stats)
+        ties = _routing_ties(evidence)
         for pair, rows in stats:
             if _row_width(evidence, pair.component) < MIN_ROW_WIDTH:
                 continue
-            far = sorted((k for k, r in rows.items() if r > ROW_NOISE))
+            far = sorted((k for k, r in rows.items() if r > ROW_NOISE and not _after_tie(k, pair.order, ties)))
             if not far:
                 continue
             named = [RowFinding(s, pos, round(rows[(s, pos)], 3)) for s, pos in far]
@@ -95,6 +96,23 @@ class RowCheck(ComparisonCheck):
                                 findings=[_suspect(evidence, pair, named, len(rows))])
         return CheckOutcome(CheckRecord(NAME, "agrees", f"no row beyond the per-row noise ({ROW_NOISE:.3g}) at any "
                                                         "module", compared=n_rows, statistic=largest))
+
+
+def _routing_ties(evidence: Evidence) -> dict[int, list[tuple[int, int]]]:
+    """Per sequence: (position, module order) of every MoE token whose expert choice is a tie within the reference's
+    rounding (the aligner's exclusions)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for (seq, pos), (order, _why) in (getattr(evidence.aligned, "excluded", None) or {}).items():
+        out.setdefault(seq, []).append((pos, order))
+    return out
+
+
+def _after_tie(row: tuple[int, int], order: int, ties: dict[int, list[tuple[int, int]]]) -> bool:
+    """A row at or after a tied token of its sequence, at a module after that router: a correct engine may route the
+    tie elsewhere, and attention carries that to every later position — no per-row claim there (the pooled ratio
+    and the output checks still see these rows)."""
+    seq, pos = row
+    return any(p0 <= pos and o0 <= order for p0, o0 in ties.get(seq, ()))
 
 
 def _row_width(evidence: Evidence, component: str) -> int:
