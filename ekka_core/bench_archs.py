@@ -297,17 +297,16 @@ def diagnose_injected(model: Path, module: str, out: Path, *, fresh: bool = True
 def mapping_of(path: Path, module: str) -> str:
     """How ``mapping.json`` pairs the vLLM module ``module``: each pair naming it ("relation rule → reference
     modules"), or its unmapped entry; "" when the file is absent, "not in the mapping" when it does not name it."""
-    import json
+    from ekka_core.contracts.mapping import Mapping
 
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        mapping = Mapping.load(Path(path))
+    except (OSError, ValueError, KeyError, TypeError):
         return ""
-    found = [f"{p.get('relation')} [{p.get('rule')}] → {', '.join(p['reference']['modules']) or '—'}"
-             + (f" (component {p.get('component')})" if p.get("component") != module else "")
-             for p in data.get("pairs", []) if module in p.get("target", {}).get("modules", [])]
-    found += [f"unmapped ({u.get('status')}): {u.get('reason')}" for u in data.get("unmapped", [])
-              if u.get("module") == module]
+    found = [f"{p.relation} [{p.rule}] → {', '.join(p.reference.modules) or '—'}"
+             + (f" (component {p.component})" if p.component != module else "")
+             for p in mapping.pairs if module in p.target.modules]
+    found += [f"unmapped ({u.status}): {u.reason}" for u in mapping.unmapped if u.module == module]
     return "; ".join(found) or "not in the mapping"
 
 

@@ -369,3 +369,17 @@ def test_cli_prints_the_report(tmp_path, capsys):
     assert "traced with: enforce_eager=True" in out
     assert "triage (2 configurations tried): prefix caching alone makes the difference" in out
     assert ATTN in out and "called from vllm/llama.py:77" in out and str(paths["json"]) in out
+
+
+def test_consistent_headline_counts_what_was_compared_and_says_partial_below_the_known_coverage():
+    from ekka_core.contracts.report import KNOWN_COVERAGE, Report, Unchecked, coverage_words, headline
+
+    known = Report(verdict="consistent", checked=51, unchecked=[Unchecked("", "model root")])
+    words = headline(known)
+    assert "on 51 of 52 components; 1 not compared: <root>" in words and "partial" not in words
+    qwen2_moe = Report(verdict="consistent", checked=59,
+                       unchecked=[Unchecked(f"model.layers.{i}.mlp.experts", "why") for i in range(13)])
+    assert 59 / 72 < KNOWN_COVERAGE
+    words = coverage_words(qwen2_moe)
+    assert words.startswith("59 of 72 components; 13 not compared: model.layers.0.mlp.experts")
+    assert "and 10 more" in words and "partial: 82% compared" in words
