@@ -68,19 +68,22 @@ def tracer_for(writer: TraceWriter, layout: Callable[[tuple, dict], Layout], opt
                         positions=positions)
 
 
-def weight_owners(root: nn.Module) -> tuple[dict[str, list[str]], dict[str, list[float]]]:
+def weight_owners(root: nn.Module, sums: dict[str, list[float]] | None = None
+                  ) -> tuple[dict[str, list[str]], dict[str, list[float]]]:
     """For every module of ``root``: the modules owning the parameters it computes with (its subtree's, however
     they are reached), each parameter under the module that registered it first — so a module that holds a
     borrowed parameter (vLLM's shared expert calls the block's ``shared_expert_gate``) lists that owner too. And for
     every owner, :func:`weight_sums` of its own parameters: what lets the mapping tell "the same weights" by value
-    where the two frameworks name them differently."""
+    where the two frameworks name them differently. ``sums`` already taken (at load, by Ekka's vLLM plugin) are
+    returned as they are, not computed again."""
     owner: dict[int, str] = {}
-    sums: dict[str, list[float]] = {}
+    taken = sums is not None
+    sums = dict(sums or {})
     for name, module in root.named_modules():
         own = [p for p in module.parameters(recurse=False) if id(p) not in owner]
         for p in own:
             owner[id(p)] = name
-        if own:
+        if own and not taken:
             sums[name] = weight_sums(own)
     owners = {name: sorted({owner[id(p)] for p in module.parameters() if id(p) in owner})
               for name, module in root.named_modules()}
@@ -164,9 +167,9 @@ class ModuleTracer:
                 self._child_attr[(id(module), id(child))] = attr
             self.handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._record, with_kwargs=True))
-        owners, sums = weight_owners(root)
         # Sums taken when the engine loaded the weights, where its plugin kept them (before any repacking).
-        self.writer.run.module_weights, self.writer.run.weight_sums = owners, getattr(root, "_ekka_weight_sums", sums)
+        self.writer.run.module_weights, self.writer.run.weight_sums = weight_owners(
+            root, getattr(root, "_ekka_weight_sums", None))
         return self
 
     def _path(self, module: nn.Module) -> str:

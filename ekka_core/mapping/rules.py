@@ -162,18 +162,19 @@ class Places:
         root = target.modules.get("")
         self._target_owners = set(root.weights) if root is not None and root.weights else {
             o for n in target.modules.values() for o in (n.weights or [])}
-        # Reference modules by the weights they compute with (as the target names them): the "anywhere" lookup.
+        # Per reference module, once: its owners named as the target names them, and its weight sums — the
+        # "anywhere" lookups by name and by value.
+        self._translated = {r: None if n.weights is None else frozenset(self._as_target_owner(o) for o in n.weights)
+                            for r, n in reference.modules.items()}
+        self._sums = {r: reference.fingerprint(n) for r, n in reference.modules.items()}
         self._by_weights: dict[frozenset[str], list[str]] = {}
-        for r, rnode in reference.modules.items():
-            owners = self.translated(rnode)
+        for r, owners in self._translated.items():
             if owners:
                 self._by_weights.setdefault(owners, []).append(r)
 
     def translated(self, rnode: ModuleNode) -> frozenset[str] | None:
         """The owners of a reference module's weights, named as the target names them (None: not recorded)."""
-        if rnode.weights is None:
-            return None
-        return frozenset(self._as_target_owner(o) for o in rnode.weights)
+        return self._translated[rnode.name]
 
     def _as_target_owner(self, owner: str) -> str:
         name = _to_target_name(owner, self.rename)
@@ -207,8 +208,7 @@ class Places:
         candidates = set(self._by_weights.get(owners, [])) if owners else set()
         ours = self.target.fingerprint(node)
         if ours is not None:
-            candidates |= {r for r, rnode in self.reference.modules.items()
-                           if _same_sums(ours, self.reference.fingerprint(rnode))}
+            candidates |= {r for r, theirs in self._sums.items() if _same_sums(ours, theirs)}
         found = sorted(c for c in candidates if not self.differs(node, c))
         if len(found) == 1:
             return found[0], ""
@@ -243,7 +243,7 @@ class Places:
             return (f"not provably the same computation as the reference's {r}: the {side} trace does not record "
                     f"which weights its modules use (traced by an older Ekka; re-run with --fresh)")
         extra, missing = sorted(set(ours) - theirs), sorted(theirs - set(ours))
-        same_values = _same_sums(self.target.fingerprint(node), self.reference.fingerprint(rnode))
+        same_values = _same_sums(self.target.fingerprint(node), self._sums[r])
         if (extra or missing) and not same_values:
             words = []
             if extra:
