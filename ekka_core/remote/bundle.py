@@ -27,12 +27,13 @@ _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
 # Code only the user's machine runs: the SSH client, the scripts it sends the host before the engine is there (run
 # from this machine's copy), the repro-script importer (a folder: every module under it), the CLI, release
-# bisection (it diagnoses each release from here), the benchmark runner and the tiny-model zoo it builds from (the
+# bisection (it diagnoses each release from here), the benchmark runners (cases, architecture sweep) and the
+# tiny-model zoo they build from (the
 # host is given a model path; it never builds one), the report's JSON Schema (for the editor's types and the
 # tests) and the knowledge base's README. The host runs the pipeline and its host process (remote/host.py); leaving these out
 # keeps the one-time upload small (it counts in a first diagnosis' bytes).
 CLIENT_ONLY = {"remote/client.py", "remote/host_probe.py", "remote/host_install.py", "repro/", "cli.py", "bisect/",
-               "bench.py", "zoo/", "contracts/report.schema.json", "agent/knowledge/README.md"}
+               "bench.py", "bench_archs.py", "zoo/", "contracts/report.schema.json", "agent/knowledge/README.md"}
 
 
 def client_only(rel: str) -> bool:
