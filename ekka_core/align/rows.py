@@ -97,6 +97,12 @@ def _select(trace: Trace, call: ModuleCall, ep: Endpoint) -> torch.Tensor | None
     if not tensors:
         return None
     first = trace.tensor(tensors[0]).float()
+    if ep.minus_input is not None:
+        added = [r for r in call.inputs if isinstance(r, TensorRef) and is_float(r)][ep.minus_input:][:1]
+        if not added or added[0].shape != tensors[0].shape:
+            raise AlignmentError(f"{call.module}: its input #{ep.minus_input}, which the mapping subtracts from its "
+                                 "output (a residual added inside the block), is not there or not of its shape")
+        first = first - trace.tensor(added[0]).float()
     if ep.select == "stream" and trace.stream_summed:
         # vLLM's residual stream travels as (hidden, residual): their sum is HF's single hidden state.
         for r in tensors[1:2]:

@@ -18,7 +18,9 @@ from ekka_core.analysis.conventions import _conventions
 from ekka_core.analysis.observations import _first_sustained_shift, _observations
 from ekka_core.analysis.ratios import _pair_result
 from ekka_core.analysis.suspects import GlueLocator, _rank
+from ekka_core.contracts.alignment import TIED_OUT
 from ekka_core.contracts.ranking import PairResult, Ranking, finite_ratio
+from ekka_core.contracts.report import Unchecked
 
 
 def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_classes: dict[str, dict[str, Any]],
@@ -35,6 +37,7 @@ def analyse(aligned: AlignedPairs, *, threshold: float, dtype: str, target_class
     ranking = Ranking(verdict="consistent", threshold=threshold, dtype=dtype, pairs=results,
                       unchecked=list(unchecked or []), prompt_lens=prompt_lens)
     ranking.unchecked += [f.unchecked() for f in aligned.failures]
+    ranking.unchecked += [Unchecked(c, TIED_OUT) for c in aligned.tied_out]
     ranking.notes.append("post-logits sampling (temperature, top-p, penalties) is outside per-module comparison")
     if not results:
         ranking.notes.append("no mapped pair could be compared")

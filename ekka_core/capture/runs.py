@@ -143,8 +143,9 @@ def _stored_scores(directory: Path) -> ReferenceScores:
 
 
 # What a trace records beyond the spec's inputs; bump when the tracer starts recording something the later stages
-# need, so traces captured before are captured again rather than reused without it (2: module weight owners).
-RECORDED = 2
+# need, so traces captured before are captured again rather than reused without it (2: module weight owners; 3: the
+# weights' order statistic).
+RECORDED = 3
 
 
 def _args_fingerprint(args: dict[str, Any] | None) -> str:

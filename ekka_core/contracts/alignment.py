@@ -12,6 +12,8 @@ from typing import Any
 from ekka_core.contracts.report import Unchecked
 
 ALIGNMENT_FAILED = "alignment failed"     # how an unchecked entry's reason starts when alignment failed
+TIED_OUT = ("not compared: every row follows an MoE routing tie of its sequence within the reference's rounding "
+            "(a correct engine may route it either way, and attention carries it to every later position)")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ class Endpoint:
                                   # float output, concatenated) | "named:<key>"
     scale: float | None = None    # multiply by a constant the other side folds into its own module
     split_sizes: list[int] | None = None   # for 1:N, each reference module's width (GQA: q and kv differ)
+    minus_input: int | None = None        # subtract the module's float input #k from its output: the residual one
+                                          # side adds inside the block and the other outside (HF's BLOOM MLP)
 
 
 @dataclass

@@ -118,7 +118,7 @@ class RunInfo:
     # lm_head — is named after its owner). The mapping's ground truth for "both sides compute with the same
     # weights"; None for a trace written before it was recorded.
     module_weights: dict[str, list[str]] | None = None
-    # Per owner: (Σw, Σw²) of its own parameters, bf16-rounded (ekka_core.capture.hooks.weight_sums).
+    # Per owner: (Σw, Σw²[, Σ(i+j)·w, span]) of its own parameters, bf16-rounded (ekka_core.capture.hooks.weight_sums).
     weight_sums: dict[str, list[float]] = field(default_factory=dict)
     # Per sequence: prompt tokens a prefix-cache hit served (those positions were not computed for it).
     cached_tokens: list[int] = field(default_factory=list)

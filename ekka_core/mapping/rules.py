@@ -19,7 +19,11 @@
                   same weights by value (Σw, Σw² of the bf16-rounded values, unchanged by concatenating, stacking,
                   transposing or padding). The module at the same path is tried first, then any reference module
                   computing with exactly those weights (a unique one). A parameter-free module (a plain activation) pairs with the
-                  one at its place only when both consume and produce the same widths.
+                  one at its place only when both consume and produce the same widths. The same values in another
+                  order (Σ(i+j)·w differs: BLOOM's fused qkv, which vLLM regroups at load) are not a pair — the
+                  output features come in another order. A block one side returns with its residual added inside
+                  (HF's BLOOM attention and MLP) and the other without (its class returns its last weighted child's
+                  output, observed on the trace: ``ModuleNode.adds_input``) is compared with that input subtracted.
 7. ``unmapped`` with a reason — never silently dropped, never guessed. A module whose name matches but whose
                   computation does not (it also applies a weight the reference applies in its parent — vLLM's shared
                   expert multiplies by its sigmoid gate; it consumes ``[gate|up]`` where the reference's consumes
@@ -33,6 +37,8 @@ A mapping is a JSON artefact: save it, edit it, load it back (:func:`Mapping.loa
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from ekka_core.contracts.mapping import EXPLAINED, NO_RULE, RULES_OFF, ComponentPair, Endpoint, Mapping, Unmapped
 from ekka_core.mapping.names import _to_target_name
@@ -134,11 +140,17 @@ def map_components(target: ModelTree, reference: ModelTree, *, rules: bool | Non
             scale = normalizer if (leaf == "embed_tokens" and normalizer and
                                    "Scaled" in reference.modules[r].cls) else None
             relation = "shared" if node.shared else "1:1"
+            added = None if stream else places.residual_added_inside(node, reference.modules[r])
+            side, k = added or ("", None)
             mapping.pairs.append(ComponentPair(
                 name, relation, places.rule(node, r) + (" (engine applies the embedding normaliser in the parent's "
-                                                        "forward)" if scale else ""),
-                Endpoint([name], select="stream" if stream else "first", scale=scale),
-                Endpoint([r]), compare_inputs=not scale and leaf != "embed_tokens",
+                                                        "forward)" if scale else "")
+                + (f" ({'the reference' if side == 'reference' else 'the engine'} adds its input #{k}, the residual, "
+                   "inside the block, the other side outside it: subtracted)" if added else ""),
+                Endpoint([name], select="stream" if stream else "first", scale=scale,
+                         minus_input=k if side == "target" else None),
+                Endpoint([r], minus_input=k if side == "reference" else None),
+                compare_inputs=not scale and leaf != "embed_tokens",
                 input_select="stream" if stream or "Norm" in node.cls else "first"))
             continue
         if why_not:
@@ -168,6 +180,7 @@ class Places:
                             for r, n in reference.modules.items()}
         self._sums = {r: reference.fingerprint(n) for r, n in reference.modules.items()}
         self._by_weights: dict[frozenset[str], list[str]] = {}
+        self._class_adds: dict[tuple[int, str], set[int | None]] = {}
         for r, owners in self._translated.items():
             if owners:
                 self._by_weights.setdefault(owners, []).append(r)
@@ -252,6 +265,12 @@ class Places:
                 words.append(f"the reference's {r} also computes with {_listed(missing)}")
             return (f"not the same computation as the reference's {r} (same place, other weights): "
                     f"{'; '.join(words)}; compared through the modules that own those weights")
+        reordered = self._reordered(node, rnode)
+        if reordered:
+            return (f"not comparable feature by feature with the reference's {r}: the same weight values as its "
+                    f"{reordered}, in another order — the engine lays them out differently when it loads them (BLOOM's "
+                    "fused qkv is regrouped from per-head to [q|k|v]), so its output features come in another order; "
+                    "compared through the modules that consume them")
         if node.out_features and rnode.out_features and node.out_features != rnode.out_features:
             return (f"not the same computation as the reference's {r}: it produces width {node.out_features}, the "
                     f"reference's {rnode.out_features}")
@@ -266,6 +285,41 @@ class Places:
                         f"reference's consumes {rnode.in_features} (a fused operand on one side)")
         return ""
 
+    def residual_added_inside(self, node: ModuleNode, rnode: ModuleNode) -> tuple[str, int] | None:
+        """("reference" | "target", k) where that side's module returns its last weighted child's output plus its
+        input #k (the residual) and the other side's class returns its child's output alone: HF's BLOOM attention and
+        MLP ``dropout_add`` the residual, vLLM's add it in the decoder layer. Read per class on the other side, so
+        an instance whose output a bug changed after its last child is still compared (and found)."""
+        for side, mine, other, tree in (("reference", rnode, node, self.target),
+                                        ("target", node, rnode, self.reference)):
+            k = mine.adds_input
+            if k is not None and k >= 0 and other.adds_input != k and -1 in self._adds_by_class(tree, other.cls):
+                return side, k
+        return None
+
+    def _adds_by_class(self, tree: ModelTree, cls: str) -> set[int | None]:
+        key = (id(tree), cls)
+        if key not in self._class_adds:
+            self._class_adds[key] = {n.adds_input for n in tree.modules.values() if n.cls == cls}
+        return self._class_adds[key]
+
+    def _reordered(self, node: ModuleNode, rnode: ModuleNode) -> str | None:
+        """The reference owner whose weights ``node`` computes with in another order (None: the same order, or not
+        decidable). Decided only where one owner on each side holds the same parameters under the same name (a
+        linear layer, a norm): a packed or stacked owner is laid out by the engine's own declaration."""
+        if self.target.tp_size != 1 or self.reference.tp_size != 1:
+            return None
+        if not node.weights or len(node.weights) != 1 or not rnode.weights or len(rnode.weights) != 1:
+            return None
+        ours, theirs = node.weights[0], rnode.weights[0]
+        if _to_target_name(theirs, self.rename) != ours:
+            return None
+        a, b = self.target.weight_sums.get(ours), self.reference.weight_sums.get(theirs)
+        if not a or not b or len(a) < 4 or len(b) < 4 or not _same_sums(a, b):
+            return None
+        tolerance = 1e-4 * max(a[3], b[3]) * max(a[1], b[1]) ** 0.5
+        return None if abs(a[2] - b[2]) <= tolerance else theirs
+
     def rule(self, node: ModuleNode, r: str) -> str:
         """The rule's words for a pair :meth:`counterpart` made."""
         at_place = r in (self.ref_at.get(node.name), self.ref_at.get(node.registered or node.name))
@@ -276,7 +330,7 @@ class Places:
                 + f" ({_listed(node.weights)})")
 
 
-def _same_sums(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+def _same_sums(a: Sequence[float] | None, b: Sequence[float] | None) -> bool:
     """The same weights by value: (Σw, Σw²) of the bf16-rounded values agree to float64 summation-order error
     (loose enough for a parameter one side keeps in fp32 and rounds twice elsewhere; a different tensor of the same
     shape and init differs in Σw by about √Σw²)."""

@@ -31,6 +31,10 @@ class ModuleNode:
     # The modules owning the parameters this one computes with (see RunInfo.module_weights), in this framework's
     # names; None when the trace did not record them.
     weights: list[str] | None = None
+    # What its output is beyond its last weighted child's output, observed on its first call (observe_added_input):
+    # -1 nothing (it returns that child's output), k its float input #k added (a residual added inside the block),
+    # None not observed or neither.
+    adds_input: int | None = None
 
 
 @dataclass
@@ -39,7 +43,7 @@ class ModelTree:
     modules: dict[str, ModuleNode] = field(default_factory=dict)   # in execution (first completion) order
     declared: dict[str, Any] = field(default_factory=dict)
     tp_size: int = 1     # a tensor-parallel trace, unsharded: outputs are whole, some inputs are still slices
-    weight_sums: dict[str, list[float]] = field(default_factory=dict)   # per owner: (Σw, Σw²), RunInfo.weight_sums
+    weight_sums: dict[str, list[float]] = field(default_factory=dict)   # per owner: RunInfo.weight_sums
 
     def fingerprint(self, node: ModuleNode) -> tuple[float, float] | None:
         """(Σw, Σw²) over every weight ``node`` computes with, or None when not recorded or parameter-free."""
@@ -99,4 +103,45 @@ def build_tree(trace: "Trace") -> ModelTree:
     for name in shared_names:
         if name in tree.modules:
             tree.modules[name].shared = True
+    for node in tree.modules.values():
+        node.adds_input = observe_added_input(tree, trace, node)
     return tree
+
+
+# Relative distance under which two tensors of one trace are the same sum: a bf16 add rounds each element by at most
+# 2^-8 of it; adding a residual (or not) moves the output by the residual's whole size.
+_SAME_SUM = 2.0 ** -6
+
+
+def observe_added_input(tree: ModelTree, trace: "Trace", node: ModuleNode) -> int | None:
+    """What ``node``'s first call returns beyond its last weighted child's output, read off the trace's own tensors
+    (see :attr:`ModuleNode.adds_input`). Only for a module holding weights through children, returning one tensor
+    of its child's shape: HF's BLOOM attention and MLP return ``dropout_add(out, residual)``, vLLM's return ``out``
+    and add the residual in the decoder layer — the same weights, not the same function."""
+    from ekka_core.capture.trace import TensorRef
+
+    if not node.name or not node.weights or node.name in node.weights:
+        return None
+    children = [c for n, c in tree.modules.items()
+                if n.startswith(node.name + ".") and "." not in n[len(node.name) + 1:] and c.weights
+                and c.first_call < node.first_call]
+    if not children:
+        return None
+    last = max(children, key=lambda c: c.first_call)
+    call = next(iter(trace.calls_of(node.name)), None)
+    child_call = next(iter(trace.calls_of(last.name)), None)
+    if call is None or child_call is None or call.step != child_call.step:
+        return None
+    out = next((o for o in call.outputs if isinstance(o, TensorRef) and o.is_float), None)
+    child = next((o for o in child_call.outputs if isinstance(o, TensorRef) and o.is_float), None)
+    if out is None or child is None or out.shape != child.shape:
+        return None
+    y, c = trace.tensor(out).float(), trace.tensor(child).float()
+    size = float(y.norm()) or 1.0
+    if float((y - c).norm()) <= _SAME_SUM * size:
+        return -1
+    inputs = [i for i in call.inputs if isinstance(i, TensorRef) and i.is_float]
+    for k, ref in enumerate(inputs):
+        if ref.shape == out.shape and float((y - c - trace.tensor(ref).float()).norm()) <= _SAME_SUM * size:
+            return k
+    return None

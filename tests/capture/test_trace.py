@@ -495,3 +495,52 @@ def test_positions_option_is_validated_with_a_fix(tmp_path):
     assert "A-B" in e.value.fix
     spec.trace_positions = "0-3,8-"
     assert spec.validate().trace_options()["positions"] == "0-3,8-"
+
+
+class CallBypassingModel(TinyModel):
+    """A root whose class replaces ``nn.Module.__call__`` with one calling ``forward`` directly, as vLLM's
+    ``support_torch_compile`` decorator does with compilation off (on ERNIE 4.5's top-level class): its own hooks
+    never fire."""
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+def test_a_root_whose_class_bypasses_module_call_still_starts_a_step_at_its_forward(tmp_path):
+    torch.manual_seed(0)
+    model = CallBypassingModel().eval()
+    writer = TraceWriter(tmp_path, RunInfo("vllm", "0", "target", "tiny", "float32"))
+    tracer = ModuleTracer(writer, lambda args, kwargs: (["a", "a", "a", "b", "b"], [0, 1, 2, 0, 1])).attach(model)
+    with torch.no_grad():
+        model(torch.tensor([3, 5, 7, 1, 2]), torch.tensor([2, 4]))
+    tracer.resolve_steps({"a": 0, "b": 1}.__getitem__, [3, 2])
+    tracer.detach()
+    writer.close(complete=True)
+    assert "forward" not in model.__dict__                   # detached: the class's forward again
+    trace = Trace(tmp_path)
+    assert [c.module for c in trace.calls] == EXPECTED_ORDER[:-1]   # every module but the root, whose hooks never ran
+    assert len(trace.steps) == 1
+
+
+def test_the_tree_observes_a_residual_added_inside_a_block(tmp_path):
+    """TinyModel's decoder layer returns ``down(…) + x``: its output is its last weighted child's plus its input #0;
+    the head returns its projection's output as it is."""
+    from ekka_core.tree import build_tree
+
+    *_, d = _run(tmp_path)
+    tree = build_tree(Trace(d))
+    assert tree.modules["layers.0"].adds_input == 0 and tree.modules["layers.1"].adds_input == 0
+    assert tree.modules["head"].adds_input == -1
+    assert tree.modules["layers.0.up"].adds_input is None       # a leaf holding its own weights: not observed
+
+
+def test_an_endpoint_subtracting_an_input_gives_the_block_without_its_residual(tmp_path):
+    from ekka_core.align.rows import rows_of
+    from ekka_core.mapping import Endpoint
+
+    model, ids, last, d = _run(tmp_path)
+    expected = _reference_forward(model, ids, last)
+    trace = Trace(d)
+    rows = rows_of(trace, Endpoint(["layers.0"], minus_input=0))
+    assert torch.allclose(rows.matrix, expected["layers.0.down"][1], atol=1e-6)     # down(…) alone
+    assert not torch.allclose(rows_of(trace, Endpoint(["layers.0"])).matrix, expected["layers.0.down"][1], atol=1e-3)

@@ -516,3 +516,79 @@ def test_attention_kernel_maps_to_the_input_of_whatever_projection_the_reference
     # a projection consuming another width is not what the kernel feeds
     reference.modules[f"{A}.c_proj"].in_features = 512
     assert map_components(target, reference).pair(f"{A}.attn") is None
+
+
+def test_the_order_statistic_sees_weights_the_engine_reorders_and_nothing_else():
+    """Σ(i+j)·w: unchanged by a transpose (vLLM's GPT-2 loads HF's Conv1D weights transposed) and by zero rows
+    appended (a padded vocabulary); changed when the same values come in another order (BLOOM's qkv)."""
+    import torch
+
+    from ekka_core.capture.hooks import weight_sums
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(48, 16, generator=g), torch.randn(48, generator=g)
+    base = weight_sums([w, b])
+    assert len(base) == 4
+    assert weight_sums([w.t().contiguous(), b])[2] == pytest.approx(base[2], rel=1e-12)
+    assert weight_sums([torch.cat([w, torch.zeros(16, 16)]), torch.cat([b, torch.zeros(16)])])[2] == \
+        pytest.approx(base[2], rel=1e-12)
+    # BLOOM's regrouping: (heads, 3, head_dim) → (3, heads, head_dim) on the output rows
+    regroup = lambda t: t.view(4, 3, 4, *t.shape[1:]).transpose(0, 1).reshape(t.shape)  # noqa: E731
+    moved = weight_sums([regroup(w), regroup(b)])
+    assert moved[:2] == pytest.approx(base[:2], rel=1e-12)          # the same values
+    assert abs(moved[2] - base[2]) > 1e-3 * base[3] * base[1] ** 0.5  # in another order
+    assert len(weight_sums([torch.randn(2, 3, 4, generator=g)])) == 2   # stacked experts: order not claimed
+
+
+def _reordered_pair_trees(reorder: bool) -> tuple[ModelTree, ModelTree]:
+    import torch
+
+    from ekka_core.capture.hooks import weight_sums
+    target, reference = vllm_tree(), hf_tree()
+    g = torch.Generator().manual_seed(2)
+    for owner in sorted({o for n in reference.modules.values() for o in n.weights}):
+        reference.weight_sums[owner] = weight_sums([torch.randn(8, 4, generator=g)])
+    for owner in {o for n in target.modules.values() for o in n.weights}:
+        parent, leaf = owner.rsplit(".", 1)
+        parts = [f"{parent}.{p}" for p in PACKED.get(leaf, [leaf])]
+        s = [reference.weight_sums[p] for p in parts]
+        target.weight_sums[owner] = [sum(x[0] for x in s), sum(x[1] for x in s), sum(x[2] for x in s),
+                                     sum(x[3] for x in s)] if len(parts) == 1 else [sum(x[0] for x in s),
+                                                                                     sum(x[1] for x in s)]
+    if reorder:
+        target.weight_sums["model.layers.1.self_attn.o_proj"][2] += 50.0 * target.weight_sums[
+            "model.layers.1.self_attn.o_proj"][1] ** 0.5
+    return target, reference
+
+
+def test_the_same_weights_in_another_order_are_unmapped_with_the_reason():
+    target, reference = _reordered_pair_trees(reorder=False)
+    m = map_components(target, reference)
+    assert m.pair("model.layers.1.self_attn.o_proj").reference.modules == ["model.layers.1.self_attn.o_proj"]
+    target, reference = _reordered_pair_trees(reorder=True)
+    m = map_components(target, reference)
+    assert m.pair("model.layers.1.self_attn.o_proj") is None
+    u = _unmapped(m, "model.layers.1.self_attn.o_proj")
+    assert u is not None and u.status == "explained" and "in another order" in u.reason
+    # the block computing with it still pairs: its output does not depend on how it lays its weights out
+    assert m.pair("model.layers.1.self_attn") is not None
+    assert m.pair("model.layers.0.self_attn.o_proj") is not None
+
+
+def test_a_residual_one_side_adds_inside_the_block_is_subtracted_from_that_side():
+    """HF's BLOOM MLP returns dropout_add(out, residual), vLLM's returns out (the decoder layer adds it): the
+    observation says which input was added; the pair subtracts it from the reference, and only where the engine's
+    class returns its last child's output."""
+    target, reference = vllm_tree(), hf_tree()
+    for tree, adds in ((target, -1), (reference, 1)):
+        for i in range(N_LAYERS):
+            tree.modules[f"model.layers.{i}.mlp"].adds_input = adds
+    target.modules["model.layers.1.mlp"].adds_input = None       # a bug after the last child: still compared
+    m = map_components(target, reference)
+    for i in range(N_LAYERS):
+        p = m.pair(f"model.layers.{i}.mlp")
+        assert p.reference.minus_input == 1 and p.target.minus_input is None
+        assert "adds its input #1" in p.rule
+    for tree in (target, reference):                           # both add it: nothing subtracted
+        for i in range(N_LAYERS):
+            tree.modules[f"model.layers.{i}.mlp"].adds_input = 1
+    assert map_components(target, reference).pair("model.layers.0.mlp").reference.minus_input is None
