@@ -22,7 +22,7 @@ from ekka_core.contracts.alignment import ALIGNMENT_FAILED
 from ekka_core.contracts.checks import CheckOutcome
 from ekka_core.contracts.ranking import Ranking
 from ekka_core.contracts.report import CheckRecord, EngineInfo, Unchecked
-from ekka_core.mapping import map_components, rules_enabled
+from ekka_core.mapping import Mapping, map_components, rules_enabled
 from ekka_core.tree import build_tree, call_site, forward_span
 
 NAME = "modules"
@@ -77,6 +77,7 @@ def compare_modules(target: Trace, reference: Trace, reference_fp32: Trace, *, t
             suspect.call_file, suspect.call_line = site
     for (seq, pos), (_, why) in sorted(aligned.excluded.items()):
         ranking.notes.append(f"prompt {seq}, token {pos} excluded from there on — {why}")
+    ranking.notes += read_off_the_trace(mapping, target)
     cached = [n for n in target.run.cached_tokens if n]
     if cached:
         ranking.notes.append("positions served from the prefix cache were not computed for their request and "
@@ -131,3 +132,24 @@ def describe(trace: Trace) -> EngineInfo:
     return EngineInfo(framework=r.framework, version=r.framework_version, dtype=r.dtype,
                       attn_implementation=r.attn_implementation, engine_args=r.engine_args,
                       resolved_config=r.resolved_config, config_changes=r.config_changes)
+
+
+def read_off_the_trace(mapping: Mapping, target: Trace) -> list[str]:
+    """What the comparison took from the run's own tensors rather than from a declaration, said in the report: a
+    user reading a verdict should know what Ekka assumed of the engine's conventions."""
+    notes = []
+    if not target.stream_summed:
+        notes.append("the engine's decoder layers return the residual stream itself, not (delta, residual) — read "
+                     "off the trace (the final norm's output fits the stream): compared as it is")
+    if target.embedding_scale is not None:
+        name, factor = target.embedding_scale
+        notes.append(f"the engine multiplies the output of {name} by {factor:.4g} in its parent's forward — measured "
+                     "on the trace (no declaration says so): applied to that pair")
+    subtracted = [p.component for p in mapping.pairs
+                  if p.reference.minus_input is not None or p.target.minus_input is not None]
+    if subtracted:
+        shown = ", ".join(subtracted[:3]) + (f" and {len(subtracted) - 3} more" if len(subtracted) > 3 else "")
+        notes.append(f"a residual added inside the block on one side only (observed on the trace), subtracted before "
+                     f"comparing, on {len(subtracted)} pairs — {shown}")
+    return notes
+
