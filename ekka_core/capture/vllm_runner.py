@@ -163,6 +163,10 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
     llm = _start(args, spec.model)
     started = time.perf_counter() - t0
     resolved = resolved_config(llm)
+    # Loaded from vLLM's compile cache or compiled in this run (rank 0's word: every rank compiles the same graph);
+    # a compiled mode whose compilation vLLM's counters do not see (its cache disabled) compiled in this run.
+    use = vllm_compat.collective_rpc(llm, "ekka_trace_control", ("compile_cache",))[0]
+    resolved["compile_cache"] = use or ("compiled" if resolved["compilation_mode"] else "")
     requests = spec.request_list()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,12 @@ def _trial_outcome(t: Trial) -> str:
     return t.error if t.error else ("yes" if t.diverges else "no")
 
 
+def _compile_cache_words(resolved: dict) -> str:
+    use = resolved.get("compile_cache")
+    return {"loaded": ", its compiled graph loaded from vLLM's compile cache",
+            "compiled": ", its graph compiled in this run"}.get(use, "")
+
+
 def serving_markdown(report: Report) -> list[str]:
     serving = report.serving
     lines: list[str] = []
@@ -52,7 +58,8 @@ def serving_markdown(report: Report) -> list[str]:
                   f"- **Served configuration** ({_args(serving.served_args)}; the engine resolved: compile mode "
                   f"{resolved.get('compilation_mode')}, custom ops {resolved.get('custom_ops')}, prefix caching "
                   f"{resolved.get('enable_prefix_caching')}, chunk budget {resolved.get('max_num_batched_tokens')}, "
-                  f"up to {resolved.get('max_num_seqs')} requests per step): {_check_words(serving.served)}",
+                  f"up to {resolved.get('max_num_seqs')} requests per step{_compile_cache_words(resolved)}): "
+                  f"{_check_words(serving.served)}",
                   f"- **Traced configuration**: {_check_words(serving.traced)}"]
         for c in serving.changes:
             lines.append(f"  - `{c.arg}` = `{c.traced!r}` (served: `{c.served!r}`) — {c.why}")

@@ -46,6 +46,7 @@ class HandAligned:
 class HandPairs:
     items: list
     failures: list = field(default_factory=list)
+    tied_out: list = field(default_factory=list)     # as align.AlignedPairs: components left with no rows
 
     def __iter__(self):
         return iter(self.items)
