@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ekka_core.capture.external import external_target
+from ekka_core.capture.run_host import run_hosted
 from ekka_core.capture.trace import INDEX, Trace
 from ekka_core.contracts.errors import EkkaError, InternalFailure
 from ekka_core.contracts.scores import SCORES_FILE, SCORES_SCHEMA, ReferenceScores
@@ -183,18 +184,26 @@ def _worker(role: str, spec_file: Path, out: Path, env: dict[str, str] | None, e
     if role == "target" and full_env.get("EKKA_TARGET_PYTHON"):
         from ekka_core.capture.interpreter import target_interpreter
         python, full_env = target_interpreter(full_env, json.loads(spec_file.read_text()).get("target", "vllm"))
-    cmd = [python, "-m", "ekka_core.capture.run_process", role, str(spec_file), str(out), *extra]
-    proc = subprocess.run(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [role, str(spec_file), str(out), *extra]
+    hosted = None
+    if python == sys.executable:       # a child of the warm host where it may be (run_host: imports paid once)
+        run = json.loads(Path(extra[0]).read_text()) if role == "target" and extra else None
+        hosted = run_hosted(role, argv, full_env, json.loads(spec_file.read_text()), run)
+    if hosted is None:
+        proc = subprocess.run([python, "-m", "ekka_core.capture.run_process", *argv], env=full_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        hosted = (proc.returncode, proc.stdout, proc.stderr)
+    returncode, stdout, stderr = hosted
     log = log or out.parent / f"{role}.log"
-    log.write_text(proc.stdout + proc.stderr)
-    if proc.returncode == 0:
+    log.write_text(stdout + stderr)
+    if returncode == 0:
         return
     # The run's last stderr line is the error envelope when it failed cleanly.
-    err = EkkaError.from_envelope_lines(proc.stderr)
+    err = EkkaError.from_envelope_lines(stderr)
     if err is not None:
         raise err
-    tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-    raise InternalFailure(f"the {role} run died (exit {proc.returncode}); partial trace kept in {out}; log: {log}\n"
+    tail = "\n".join(stderr.strip().splitlines()[-5:])
+    raise InternalFailure(f"the {role} run died (exit {returncode}); partial trace kept in {out}; log: {log}\n"
                           f"{tail}")
 
 
