@@ -34,6 +34,7 @@ def test_only_runs_the_host_may_hold_are_hosted():
 def test_hosted_runs_compute_what_fresh_processes_compute(zoo_model, tmp_path, monkeypatch):
     spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, max_new_tokens=4)
     args, _ = served_args(spec)
+    monkeypatch.setattr(run_host, "_host", None)     # a host of this test's own (the session's may hold another env)
     host = run_host.host()
     assert host is not None and host.hosts(dict(os.environ))
     served = run_engine(spec, tmp_path / "hosted" / "served", args, label="served")
@@ -45,6 +46,7 @@ def test_hosted_runs_compute_what_fresh_processes_compute(zoo_model, tmp_path, m
     fresh_traced = capture(spec, tmp_path / "fresh")
     assert host.runs == 4
 
+    host.close()
     assert served.outputs.requests == fresh_served.outputs.requests
     assert (served.directory / SCORES_FILE).read_text() == (fresh_served.directory / SCORES_FILE).read_text()
     for a, b in ((traced.target, fresh_traced.target), (traced.reference, fresh_traced.reference),

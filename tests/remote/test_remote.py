@@ -25,6 +25,7 @@ from ekka_core.remote import RemoteCancelled, parse_host_url, run_remote_diagnos
 from ekka_core.remote.client import _run_name
 from ekka_core.contracts.spec import DiagnosisSpec
 
+from capture_processes import capture_running  # noqa: E402
 from sshd_fixture import SSHD, SSHServer, _keypair, processes_in_group  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -296,7 +297,7 @@ def test_cancel_kills_the_remote_process_group(sshd, remote, demo_spec, tmp_path
     took = time.perf_counter() - t0
     pgid = e.value.pgid
     assert pgid and "cancelled during capture" in str(e.value)
-    assert any("ekka_core.capture.run_process" in cmd for _, _, cmd in seen.get("before", [])), seen
+    assert capture_running([cmd for _, _, cmd in seen.get("before", [])]), seen
     left = processes_in_group(pgid)
     deadline = time.monotonic() + 5
     while left and time.monotonic() < deadline:

@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 import psutil
+from capture_processes import capture_running
 import pytest
 import pytest_lsp
 from lsprotocol import types
@@ -371,7 +372,7 @@ async def test_cancel_during_capture_kills_the_worker_group(client: LanguageClie
     pid = await rec.running_pid(job_id)
     # Wait until the engine's capture subprocess (a grandchild of the server) runs in the worker's session.
     deadline = time.monotonic() + 90
-    while not any("ekka_core.capture.run_process" in " ".join(p.info["cmdline"] or []) for p in _session_alive(pid)):
+    while not capture_running([" ".join(p.info["cmdline"] or []) for p in _session_alive(pid)]):
         assert time.monotonic() < deadline, "the capture subprocess never started"
         assert rec.job(job_id)[-1]["state"] == "running", rec.job(job_id)[-1]
         await asyncio.sleep(0.2)
