@@ -55,7 +55,8 @@ def _with_a_compile_cache_of_its_own(name: str, inject: Callable[[], None]) -> C
     the engine core starts)."""
     @functools.wraps(inject)
     def run() -> None:
-        base = Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
+        from ekka_core.capture import vllm_compat
+        base = Path(vllm_compat.envs_module().VLLM_CACHE_ROOT)     # vLLM's own default (XDG_CACHE_HOME …) or the user's
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
         os.environ["VLLM_CACHE_ROOT"] = str(base / "ekka-injected" / f"{safe}-{_injection_sources_hash()}")
         inject()

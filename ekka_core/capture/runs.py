@@ -181,14 +181,15 @@ def _worker(role: str, spec_file: Path, out: Path, env: dict[str, str] | None, e
             log: Path | None = None) -> None:
     full_env = {**os.environ, **(env or {})}
     python = sys.executable
+    spec = json.loads(spec_file.read_text())
     if role == "target" and full_env.get("EKKA_TARGET_PYTHON"):
         from ekka_core.capture.interpreter import target_interpreter
-        python, full_env = target_interpreter(full_env, json.loads(spec_file.read_text()).get("target", "vllm"))
+        python, full_env = target_interpreter(full_env, spec.get("target", "vllm"))
     argv = [role, str(spec_file), str(out), *extra]
     hosted = None
     if python == sys.executable:       # a child of the warm host where it may be (run_host: imports paid once)
         run = json.loads(Path(extra[0]).read_text()) if role == "target" and extra else None
-        hosted = run_hosted(role, argv, full_env, json.loads(spec_file.read_text()), run)
+        hosted = run_hosted(role, argv, full_env, spec, run)
     if hosted is None:
         proc = subprocess.run([python, "-m", "ekka_core.capture.run_process", *argv], env=full_env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
