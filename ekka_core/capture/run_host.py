@@ -18,8 +18,9 @@ vLLM release), SGLang, a tensor-parallel engine (its workers and their shutdown 
 any run whose environment differs from the host's other than in ``EKKA_*`` variables (what was imported may have read
 it). ``EKKA_RUN_HOST=0`` turns the host off.
 
-Protocol: one JSON line per run on the host's stdin (``argv`` for :func:`run_process.main`, ``env``, ``cwd``, the
-``stdout``/``stderr`` files), one JSON line back (``exit``) when the child has ended.
+Protocol: one JSON line per run on the host's stdin (``id``, ``argv`` for :func:`run_process.main`, ``env``, ``cwd``,
+the ``stdout``/``stderr`` files), one JSON line back (``id``, ``exit``) when that child has ended; several children
+may run at once (the reference beside an engine), and their replies come in the order they end.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import atexit
 import importlib
 import json
 import os
+import selectors
 import subprocess
 import sys
 import tempfile
@@ -42,16 +44,21 @@ WARM_IMPORTS = ("torch", "transformers", "vllm", "vllm.entrypoints.llm", "ekka_c
 
 
 class RunHost:
-    """The host process, started by :func:`host`; :meth:`run` runs one ``run_process`` argv in a forked child."""
+    """The host process, started by :func:`host`; :meth:`run` runs one ``run_process`` argv in a forked child. Runs
+    may be asked for from several threads at once (the reference beside the engine): each is its own child."""
 
     def __init__(self) -> None:
         self.env = dict(os.environ)
         self.proc = subprocess.Popen([sys.executable, "-m", "ekka_core.capture.run_host"], env=self.env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True)
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()                 # one writer on the request pipe; the replies' table
         self.ready: bool | None = None
         self.runs = 0                                # runs forked so far
+        self.replies: dict[int, Any] = {}            # run id → its reply (None: the host died), once it came
+        self.waiting: dict[int, threading.Event] = {}
+        self.next_id = 0
+        self.reader: threading.Thread | None = None
 
     def hosts(self, env: dict[str, str]) -> bool:
         """Whether a run with environment ``env`` may be forked from this host: it differs from the host's own only
@@ -61,27 +68,51 @@ class RunHost:
 
     def run(self, argv: list[str], env: dict[str, str]) -> tuple[int, str, str] | None:
         """``(exit code, stdout, stderr)`` of the run, or None when the host cannot run it (it failed to start)."""
-        with self.lock:
-            if self.ready is None:
-                self.ready = self._read() == {"ready": True}
-            if not self.ready:
-                return None
-            with tempfile.TemporaryDirectory(prefix="ekka-run-") as tmp:
-                out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with tempfile.TemporaryDirectory(prefix="ekka-run-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            with self.lock:
+                if self.ready is None:
+                    self.ready = self._read() == {"ready": True}
+                    if self.ready:
+                        self.reader = threading.Thread(target=self._read_replies, name="ekka-run-host",
+                                                       daemon=True)
+                        self.reader.start()
+                if not self.ready:
+                    return None
+                run_id, self.next_id = self.next_id, self.next_id + 1
+                done = self.waiting[run_id] = threading.Event()
                 assert self.proc.stdin is not None
                 try:
-                    self.proc.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(),
+                    self.proc.stdin.write(json.dumps({"id": run_id, "argv": argv, "env": env, "cwd": os.getcwd(),
                                                       "stdout": str(out), "stderr": str(err)}) + "\n")
                     self.proc.stdin.flush()
                 except OSError:                 # the host is gone (killed): a broken pipe
-                    reply = None
-                else:
-                    reply = self._read()
+                    self.ready = False
+                    del self.waiting[run_id]
+                    return None
+            done.wait()
+            with self.lock:
+                reply = self.replies.pop(run_id, None)
+                del self.waiting[run_id]
                 if reply is None or "exit" not in reply:
                     self.ready = False          # the host died: this run and later ones run fresh
                     return None
                 self.runs += 1
-                return int(reply["exit"]), _read_text(out), _read_text(err)
+            return int(reply["exit"]), _read_text(out), _read_text(err)
+
+    def _read_replies(self) -> None:
+        """The replies, as children end (in any order), handed to the threads that wait for them; at the host's
+        end every run still waiting gets None."""
+        while (reply := self._read()) is not None:
+            with self.lock:
+                run_id = reply.get("id")
+                if run_id in self.waiting:
+                    self.replies[run_id] = reply
+                    self.waiting[run_id].set()
+        with self.lock:
+            self.ready = False
+            for event in self.waiting.values():
+                event.set()
 
     def _read(self) -> dict[str, Any] | None:
         assert self.proc.stdout is not None
@@ -95,7 +126,7 @@ class RunHost:
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None
-                self.proc.stdin.close()           # the host ends at end of input
+                self.proc.stdin.close()           # the host ends at end of input, once its children have
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
@@ -153,15 +184,36 @@ def main() -> int:
         except ImportError:
             pass                                  # e.g. no vLLM in an SGLang-only environment
     _reply({"ready": True})
-    for line in sys.stdin:
-        request = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(request)                       # never returns
-        _, status = os.waitpid(pid, 0)
-        _reply({"exit": os.waitstatus_to_exitcode(status)})
+    # One thread only (a fork copies just the forking thread, so the host never has another): requests and
+    # children's ends are waited for together, on stdin and on each child's pidfd.
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ, None)
+    pending, open_input = b"", True
+    while open_input or len(selector.get_map()) > 0:
+        for key, _ in selector.select():
+            if key.data is None:                  # a request (or end of input)
+                chunk = os.read(0, 65536)
+                if not chunk:
+                    open_input = False
+                    selector.unregister(0)
+                    continue
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    request = json.loads(line)
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(request)           # never returns
+                    fd = os.pidfd_open(pid)
+                    selector.register(fd, selectors.EVENT_READ, (pid, request.get("id")))
+            else:                                 # a child ended
+                pid, run_id = key.data
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                _reply({"id": run_id, "exit": os.waitstatus_to_exitcode(status)})
     return 0
 
 

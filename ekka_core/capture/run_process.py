@@ -33,11 +33,12 @@ def main(argv: list[str]) -> int:
                 sglang_runner.run(spec, out)
         elif role == "reference":
             from ekka_core.capture import hf_runner
-            from ekka_core.capture.trace import Trace
-            target = Trace(argv[3])
+            threads = os.environ.get(REFERENCE_THREADS_ENV)
+            if threads:                  # beside an engine run: the core the engine leaves free
+                import torch
+                torch.set_num_threads(int(threads))
+            ids, lens, dtype = _fed_tokens(Path(argv[3]))
             fp32_out = Path(argv[4])
-            ids, lens = target.run.token_ids, target.run.prompt_lens
-            dtype = target.run.dtype.removeprefix("torch.")      # what the engine really ran in
             hf_runner.run(spec, ids, lens, dtype, "reference", out)
             hf_runner.run(spec, ids, lens, "float32", "reference-fp32", fp32_out)
         elif role == "score":
@@ -55,6 +56,23 @@ def main(argv: list[str]) -> int:
         print(internal_error(e).envelope_line(traceback=tb), file=sys.stderr)
         return 3
     return 0
+
+
+# The reference's torch threads when it runs beside an engine (``capture(beside=…)``).
+REFERENCE_THREADS_ENV = "EKKA_REFERENCE_THREADS"
+
+
+def _fed_tokens(target: Path) -> tuple[list[list[int]], list[int], str]:
+    """What the engine fed the model, per request (the prompt and every generated token but the last), the prompt
+    lengths and the dtype the engine really ran in: from its trace, or from an untraced run's ``outputs.json``."""
+    from ekka_core.capture.trace import INDEX, Trace
+    if (target / INDEX).exists() or not (target / "outputs.json").exists():
+        run = Trace(target).run
+        return run.token_ids, run.prompt_lens, run.dtype.removeprefix("torch.")
+    from ekka_core.contracts.serving import EngineOutputs
+    outputs = EngineOutputs.load(target)
+    ids = [r.prompt_token_ids + r.generated[:-1] for r in outputs.requests]
+    return ids, [len(r.prompt_token_ids) for r in outputs.requests], outputs.dtype.removeprefix("torch.")
 
 
 def _has_child_processes() -> bool:

@@ -1,21 +1,26 @@
 """The capture stage's runs: :func:`capture` (the traced comparison: the target traced, then the reference
-teacher-forced on its tokens, in the same low precision and in fp32), :func:`run_engine` (one untraced engine run,
-scored against the reference: :func:`score_run`) and :func:`load`. Each run happens in its own process
-(``python -m ekka_core.capture.run_process``); runs are reused while their inputs are unchanged."""
+teacher-forced on its tokens, in the same low precision and in fp32 — beside the engine, on the second core, when an
+earlier run's tokens are given), :func:`run_engine` (one untraced engine run, scored against the reference:
+:func:`score_run`, or later: :func:`keep_scores`) and :func:`load`. Each run happens in its own process
+(``python -m ekka_core.capture.run_process``, forked from the warm host where it may be); runs are reused while
+what they read is unchanged."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ekka_core.capture.external import external_target
 from ekka_core.capture.run_host import run_hosted
+from ekka_core.capture.run_process import REFERENCE_THREADS_ENV
 from ekka_core.capture.trace import INDEX, Trace
 from ekka_core.contracts.errors import EkkaError, InternalFailure
 from ekka_core.contracts.scores import SCORES_FILE, SCORES_SCHEMA, ReferenceScores
@@ -31,6 +36,9 @@ class CaptureResult:
     reference: Path
     reference_fp32: Path
     reused: bool = False
+    # The reference teacher-forced on the tokens of the run ``capture(beside=…)`` named, made while the target was
+    # traced (its two traces; the same as ``reference``/``reference_fp32`` when the target fed the same tokens).
+    beside: tuple[Path, Path] | None = None
 
 
 @dataclass
@@ -39,24 +47,30 @@ class EngineRun:
 
     directory: Path
     outputs: EngineOutputs
-    scores: ReferenceScores
+    scores: ReferenceScores | None      # None only for a run made with ``score=False`` until it is scored
     reused: bool = False
 
 
 def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None = None,
             changes: list[dict[str, Any]] | None = None, name: str = "", fresh: bool = False,
-            progress: Progress = lambda msg: None, env: dict[str, str] | None = None) -> CaptureResult:
+            progress: Progress = lambda msg: None, env: dict[str, str] | None = None,
+            beside: Path | None = None) -> CaptureResult:
     """Trace the target with engine arguments ``args`` (``changes``: how they differ from the served configuration,
     recorded in the trace) and the reference teacher-forced on its tokens. ``name`` puts the three traces under
-    ``traces/<name>/`` (the first traced configuration uses ``traces/`` itself)."""
+    ``traces/<name>/`` (the first traced configuration uses ``traces/`` itself).
+
+    ``beside``: an untraced run of the same spec (its directory, ``outputs.json``) whose tokens are known already.
+    While the target is traced, the reference runs on the second core teacher-forced on *those* tokens; when the
+    traced target fed the model the same tokens (the usual case: same prompts, greedy), that is the reference trace
+    and nothing waits for it afterwards; either way it scores that run (``CaptureResult.beside``)."""
     out_dir = Path(out_dir)
     traces = out_dir / "traces" / name if name else out_dir / "traces"
     result = CaptureResult(traces / "target", traces / "reference", traces / "reference-fp32")
     stamp = traces / "spec.json"
     if spec.target_trace:
         result.target = Path(spec.target_trace)
-    fingerprint = (spec.fingerprint() + _env_fingerprint(env) + _trace_fingerprint(spec.target_trace)
-                   + _args_fingerprint(args) + f"|recorded={RECORDED}")
+    fingerprint = (spec.fingerprint(without=() if args is None else EXPLICIT_ARGS) + _env_fingerprint(env)
+                   + _trace_fingerprint(spec.target_trace) + _args_fingerprint(args) + f"|recorded={RECORDED}")
     if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
             and all(_complete(p) for p in (result.target, result.reference, result.reference_fp32)):
         progress("reusing traces (inputs unchanged; --fresh to re-capture)")
@@ -77,10 +91,28 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
         run_file = traces / "run.in.json"
         run_file.write_text(json.dumps({"args": args, "label": name or "traced", "trace": True,
                                         "changes": changes or []}, default=str))
-        _worker("target", spec_file, result.target, env, extra=[str(run_file)])
+        reference_beside = None
+        if beside is not None and room_beside(spec):
+            progress("the reference (hf) runs beside the engine, on the served run's tokens")
+            made = (traces / "beside" / "reference", traces / "beside" / "reference-fp32")
+            reference_beside = _Beside(spec_file, Path(beside), made, env)
+        try:
+            _worker("target", spec_file, result.target, env, extra=[str(run_file)])
+        finally:
+            if reference_beside is not None:
+                result.beside = reference_beside.join()
     dtype = Trace(result.target).run.dtype.removeprefix("torch.")
-    progress(f"tracing the reference (hf, {dtype} and float32, teacher-forced)")
-    _worker("reference", spec_file, result.reference, env, extra=[str(result.target), str(result.reference_fp32)])
+    if result.beside is not None and _same_fed_tokens(result.beside[0], result.target):
+        progress("the reference ran beside the engine on the same tokens: reusing it")
+        for made, kept in zip(result.beside, (result.reference, result.reference_fp32)):
+            shutil.rmtree(kept, ignore_errors=True)
+            os.replace(made, kept)
+        os.replace(result.beside[0].parent / "reference.log", traces / "reference.log")
+        shutil.rmtree(result.beside[0].parent, ignore_errors=True)
+        result.beside = (result.reference, result.reference_fp32)
+    else:
+        progress(f"tracing the reference (hf, {dtype} and float32, teacher-forced)")
+        _worker("reference", spec_file, result.reference, env, extra=[str(result.target), str(result.reference_fp32)])
     stamp.write_text(json.dumps({"fingerprint": fingerprint, "spec": spec.to_json()}))
     return result
 
@@ -96,14 +128,69 @@ def _traced_baseline_args(spec: DiagnosisSpec) -> tuple[dict[str, Any], list[dic
     return args, [asdict(c) for c in machine + changes]
 
 
+class _Beside:
+    """The reference run in a thread of its own, on one torch thread (the engine runs on the other core)."""
+
+    def __init__(self, spec_file: Path, run_dir: Path, made: tuple[Path, Path], env: dict[str, str] | None):
+        self.made, self.error = made, None
+        env = {**(env or {}), REFERENCE_THREADS_ENV: "1"}
+        made[0].parent.mkdir(parents=True, exist_ok=True)
+        self.thread = threading.Thread(target=self._run, args=(spec_file, run_dir, env), daemon=True,
+                                       name="ekka-reference-beside")
+        self.thread.start()
+
+    def _run(self, spec_file: Path, run_dir: Path, env: dict[str, str]) -> None:
+        try:
+            _worker("reference", spec_file, self.made[0], env, extra=[str(run_dir), str(self.made[1])],
+                    log=self.made[0].parent / "reference.log")
+        except EkkaError as e:       # the reference is run again after the engine, where its error is reported
+            self.error = e
+
+    def join(self) -> tuple[Path, Path] | None:
+        self.thread.join()
+        return None if self.error is not None else self.made
+
+
+def room_beside(spec: DiagnosisSpec) -> bool:
+    """Whether the reference may run beside an engine: a second core, and memory for the reference's fp32 copy of
+    the weights, the engine's copy and its KV cache without either swapping (``EKKA_REFERENCE_BESIDE=0``: never)."""
+    if os.environ.get("EKKA_REFERENCE_BESIDE") == "0" or (os.cpu_count() or 1) < 2:
+        return False
+    weights = sum(f.stat().st_size for f in Path(spec.model).glob("*.safetensors")) if Path(spec.model).is_dir() else 0
+    available = _mem_available()
+    return available is not None and weights > 0 and 2.5 * weights + 3 * 2**30 < available
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _same_fed_tokens(reference: Path, target: Path) -> bool:
+    """Whether a reference trace was teacher-forced on exactly what the traced target fed its model."""
+    try:
+        ref, tgt = Trace(reference).run, Trace(target).run
+    except EkkaError:
+        return False
+    return (ref.complete and ref.token_ids == tgt.token_ids and ref.prompt_lens == tgt.prompt_lens
+            and ref.dtype.removeprefix("torch.") == tgt.dtype.removeprefix("torch."))
+
+
 def run_engine(spec: DiagnosisSpec, directory: Path, args: dict[str, Any], *, label: str, fresh: bool = False,
-               env: dict[str, str] | None = None, progress: Progress = lambda msg: None) -> EngineRun:
+               env: dict[str, str] | None = None, progress: Progress = lambda msg: None,
+               score: bool = True) -> EngineRun:
     """One untraced engine run with exactly ``args`` (no hooks: what the user's server computes), then the
     reference's logprobs at every position the engine sampled. Reused while spec, arguments and engine
-    environment are unchanged."""
+    environment are unchanged. ``score=False``: the engine run only (``scores`` None, unless the whole run is
+    reused); the caller scores it later (:func:`keep_scores`), e.g. from a reference that ran beside another run."""
     directory = Path(directory)
     stamp = directory / "run.json"
-    fingerprint = spec.fingerprint() + _env_fingerprint(env) + _args_fingerprint(args)
+    fingerprint = _run_fingerprint(spec, env, args)
     if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
             and (directory / SCORES_FILE).exists():
         scores = ReferenceScores.load(directory)
@@ -119,10 +206,30 @@ def run_engine(spec: DiagnosisSpec, directory: Path, args: dict[str, Any], *, la
     run_file.write_text(json.dumps({"args": args, "label": label, "trace": False, "changes": []}, default=str))
     progress(f"running {spec.target} untraced ({label})")
     _worker("target", spec_file, directory, env, extra=[str(run_file)], log=directory / "engine.log")
+    if not score:
+        return EngineRun(directory, EngineOutputs.load(directory), None)
     progress(f"scoring the {label} run against the reference (hf, teacher-forced)")
     _worker("score", spec_file, directory, env, log=directory / "score.log")
     stamp.write_text(json.dumps({"fingerprint": fingerprint}))
     return EngineRun(directory, EngineOutputs.load(directory), _stored_scores(directory))
+
+
+def keep_scores(spec: DiagnosisSpec, run: EngineRun, args: dict[str, Any], scores: ReferenceScores,
+                env: dict[str, str] | None = None) -> None:
+    """Store the scores of a run made with ``score=False`` and mark it complete (reused from now on)."""
+    scores.save(run.directory)
+    run.scores = scores
+    (run.directory / "run.json").write_text(json.dumps({"fingerprint": _run_fingerprint(spec, env, args)}))
+
+
+def _run_fingerprint(spec: DiagnosisSpec, env: dict[str, str] | None, args: dict[str, Any]) -> str:
+    return spec.fingerprint(without=EXPLICIT_ARGS + TRACE_OPTIONS) + _env_fingerprint(env) + _args_fingerprint(args)
+
+
+# What a run given its engine arguments does not read from the spec (the served configuration it was derived from
+# is in the arguments), and what an untraced run does not read at all: an edit of either re-runs only what reads it.
+EXPLICIT_ARGS = ("engine_args",)
+TRACE_OPTIONS = ("trace_modules", "trace_store_dtype", "trace_positions", "target_trace")
 
 
 def score_run(spec: DiagnosisSpec, directory: Path, *, env: dict[str, str] | None = None) -> ReferenceScores:

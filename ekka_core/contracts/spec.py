@@ -389,9 +389,12 @@ class DiagnosisSpec:
         return {"include": self.trace_modules, "store_dtype": self.trace_store_dtype,
                 "positions": self.trace_positions}
 
-    def fingerprint(self) -> str:
-        """Identifies the inputs of a capture: equal fingerprints ⇒ traces can be reused."""
-        blob = json.dumps({k: v for k, v in asdict(self).items() if k != "threshold"}, sort_keys=True)
+    def fingerprint(self, *, without: tuple[str, ...] = ()) -> str:
+        """Identifies the inputs of a capture: equal fingerprints ⇒ traces can be reused. ``without``: fields that
+        do not reach the run being fingerprinted (a run given its engine arguments explicitly does not read
+        ``engine_args``; an untraced run reads no trace option), so that editing them costs only what they change."""
+        blob = json.dumps({k: v for k, v in asdict(self).items() if k != "threshold" and k not in without},
+                          sort_keys=True)
         model_stamp = ""
         cfg = Path(self.model) / "config.json"
         if cfg.exists():

