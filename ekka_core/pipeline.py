@@ -24,7 +24,6 @@ The shells (CLI, language server) call :func:`diagnose` and nothing else.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,11 +182,7 @@ class _Run:
         """Score the served run from the reference traces made on its tokens beside the traced engine; from a
         reference run of its own where there are none (no room beside, a reference that failed there) or they
         cannot score it (MoE routing ties: the score run's second noise floor)."""
-        scores = None
-        if captured.beside is not None:
-            scores = scores_from_traces(served.outputs, Trace(captured.beside[0]), Trace(captured.beside[1]))
-            if captured.beside[0] != captured.reference:      # made for the served tokens only
-                shutil.rmtree(captured.beside[0].parent, ignore_errors=True)
+        scores = captured.beside_scores
         if scores is None:
             self._say("scoring the served run against the reference (hf, teacher-forced)")
             scores = score_run(self.spec, served.directory, env=self.env)
@@ -266,8 +261,6 @@ class _Run:
         captured = capture(self.spec, self.out_dir, args=args, changes=to_json(serving.machine_changes + list(changes)),
                            name="culprit", fresh=self.fresh, progress=self._say, env=self.env,
                            beside=trial if (trial / "outputs.json").exists() else None)
-        if captured.beside is not None and captured.beside[0] != captured.reference:   # other tokens: not needed
-            shutil.rmtree(captured.beside[0].parent, ignore_errors=True)
         target, reference, reference_fp32 = load(captured)
         culprit = self._compare(target, reference, reference_fp32, name="culprit")
         result.traced_under = keep

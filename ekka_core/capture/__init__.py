@@ -23,5 +23,5 @@ from ekka_core.capture.trace import INDEX
 from ekka_core.contracts.scores import SCORES_FILE, SCORES_SCHEMA
 from ekka_core.contracts.serving import OUTPUTS_FILE
 
-__all__ = ["capture", "CaptureResult", "EngineRun", "keep_scores", "load", "run_engine", "score_run", "INDEX", "SCORES_FILE",
-           "SCORES_SCHEMA"]
+__all__ = ["capture", "CaptureResult", "EngineRun", "keep_scores", "load", "run_engine", "score_run", "INDEX",
+           "SCORES_FILE", "SCORES_SCHEMA"]

@@ -77,7 +77,7 @@ def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str,
     scored = []
     with torch.no_grad():
         for r in outputs.requests:
-            ids = r.prompt_token_ids + r.generated[:-1]
+            ids = r.fed_token_ids
             calls.clear()
             masks[:] = (reroute or {}).get(r.request, [])
             logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()

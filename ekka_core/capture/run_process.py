@@ -71,8 +71,7 @@ def _fed_tokens(target: Path) -> tuple[list[list[int]], list[int], str]:
         return run.token_ids, run.prompt_lens, run.dtype.removeprefix("torch.")
     from ekka_core.contracts.serving import EngineOutputs
     outputs = EngineOutputs.load(target)
-    ids = [r.prompt_token_ids + r.generated[:-1] for r in outputs.requests]
-    return ids, [len(r.prompt_token_ids) for r in outputs.requests], outputs.dtype.removeprefix("torch.")
+    return [r.fed_token_ids for r in outputs.requests], [len(r.prompt_token_ids) for r in outputs.requests], outputs.dtype.removeprefix("torch.")
 
 
 def _has_child_processes() -> bool:

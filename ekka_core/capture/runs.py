@@ -21,7 +21,8 @@ from typing import Any, Callable
 from ekka_core.capture.external import external_target
 from ekka_core.capture.run_host import run_hosted
 from ekka_core.capture.run_process import REFERENCE_THREADS_ENV
-from ekka_core.capture.trace import INDEX, Trace
+from ekka_core.capture.scores import scores_from_traces
+from ekka_core.capture.trace import INDEX, RunInfo, Trace
 from ekka_core.contracts.errors import EkkaError, InternalFailure
 from ekka_core.contracts.scores import SCORES_FILE, SCORES_SCHEMA, ReferenceScores
 from ekka_core.contracts.serving import EngineOutputs
@@ -36,9 +37,12 @@ class CaptureResult:
     reference: Path
     reference_fp32: Path
     reused: bool = False
-    # The reference teacher-forced on the tokens of the run ``capture(beside=…)`` named, made while the target was
-    # traced (its two traces; the same as ``reference``/``reference_fp32`` when the target fed the same tokens).
-    beside: tuple[Path, Path] | None = None
+    # The reference was teacher-forced beside the engine on the tokens of the run ``capture(beside=…)`` named, and
+    # the target fed the same: it is ``reference``/``reference_fp32``.
+    reference_beside: bool = False
+    # That run's scores, read from the reference made on its tokens (None: none was made, or it cannot score the run
+    # — MoE routing ties, a positions-restricted trace — and a score run must).
+    beside_scores: ReferenceScores | None = None
 
 
 @dataclass
@@ -62,7 +66,7 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
     ``beside``: an untraced run of the same spec (its directory, ``outputs.json``) whose tokens are known already.
     While the target is traced, the reference runs on the second core teacher-forced on *those* tokens; when the
     traced target fed the model the same tokens (the usual case: same prompts, greedy), that is the reference trace
-    and nothing waits for it afterwards; either way it scores that run (``CaptureResult.beside``)."""
+    and nothing waits for it afterwards; either way it scores that run (``CaptureResult.beside_scores``)."""
     out_dir = Path(out_dir)
     traces = out_dir / "traces" / name if name else out_dir / "traces"
     result = CaptureResult(traces / "target", traces / "reference", traces / "reference-fp32")
@@ -91,26 +95,20 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
         run_file = traces / "run.in.json"
         run_file.write_text(json.dumps({"args": args, "label": name or "traced", "trace": True,
                                         "changes": changes or []}, default=str))
-        reference_beside = None
-        if beside is not None and room_beside(spec):
+        reference_beside = made = None
+        if beside is not None and room_beside(spec, env):
             progress("the reference (hf) runs beside the engine, on the served run's tokens")
-            made = (traces / "beside" / "reference", traces / "beside" / "reference-fp32")
-            reference_beside = _Beside(spec_file, Path(beside), made, env)
+            reference_beside = _Beside(spec_file, Path(beside), traces / "beside", env)
         try:
             _worker("target", spec_file, result.target, env, extra=[str(run_file)])
         finally:
             if reference_beside is not None:
-                result.beside = reference_beside.join()
+                made = reference_beside.join()
+        if made is not None:
+            assert beside is not None
+            _take_beside(result, Path(beside), made, traces, progress)
     dtype = Trace(result.target).run.dtype.removeprefix("torch.")
-    if result.beside is not None and _same_fed_tokens(result.beside[0], result.target):
-        progress("the reference ran beside the engine on the same tokens: reusing it")
-        for made, kept in zip(result.beside, (result.reference, result.reference_fp32)):
-            shutil.rmtree(kept, ignore_errors=True)
-            os.replace(made, kept)
-        os.replace(result.beside[0].parent / "reference.log", traces / "reference.log")
-        shutil.rmtree(result.beside[0].parent, ignore_errors=True)
-        result.beside = (result.reference, result.reference_fp32)
-    else:
+    if not result.reference_beside:
         progress(f"tracing the reference (hf, {dtype} and float32, teacher-forced)")
         _worker("reference", spec_file, result.reference, env, extra=[str(result.target), str(result.reference_fp32)])
     stamp.write_text(json.dumps({"fingerprint": fingerprint, "spec": spec.to_json()}))
@@ -129,12 +127,13 @@ def _traced_baseline_args(spec: DiagnosisSpec) -> tuple[dict[str, Any], list[dic
 
 
 class _Beside:
-    """The reference run in a thread of its own, on one torch thread (the engine runs on the other core)."""
+    """The reference run in a thread of its own, on one torch thread (the engine runs on the other core), into
+    ``scratch``/reference and ``scratch``/reference-fp32."""
 
-    def __init__(self, spec_file: Path, run_dir: Path, made: tuple[Path, Path], env: dict[str, str] | None):
-        self.made, self.error = made, None
+    def __init__(self, spec_file: Path, run_dir: Path, scratch: Path, env: dict[str, str] | None):
+        self.made, self.failed = (scratch / "reference", scratch / "reference-fp32"), False
         env = {**(env or {}), REFERENCE_THREADS_ENV: "1"}
-        made[0].parent.mkdir(parents=True, exist_ok=True)
+        scratch.mkdir(parents=True, exist_ok=True)
         self.thread = threading.Thread(target=self._run, args=(spec_file, run_dir, env), daemon=True,
                                        name="ekka-reference-beside")
         self.thread.start()
@@ -143,18 +142,38 @@ class _Beside:
         try:
             _worker("reference", spec_file, self.made[0], env, extra=[str(run_dir), str(self.made[1])],
                     log=self.made[0].parent / "reference.log")
-        except EkkaError as e:       # the reference is run again after the engine, where its error is reported
-            self.error = e
+        except EkkaError:       # the reference runs again after the engine, where its error is reported
+            self.failed = True
 
     def join(self) -> tuple[Path, Path] | None:
         self.thread.join()
-        return None if self.error is not None else self.made
+        return None if self.failed else self.made
 
 
-def room_beside(spec: DiagnosisSpec) -> bool:
+def _take_beside(result: CaptureResult, run_dir: Path, made: tuple[Path, Path], traces: Path,
+                 progress: Progress) -> None:
+    """Score ``run_dir``'s run from the reference made on its tokens; keep it as the reference when the target fed
+    the same tokens; remove the rest."""
+    try:
+        low, high = Trace(made[0]), Trace(made[1])
+        result.beside_scores = scores_from_traces(EngineOutputs.load(run_dir), low, high)
+        same = _same_fed_tokens(low.run, Trace(result.target).run)
+    except EkkaError:                              # an incomplete trace: the reference runs again after the engine
+        same = False
+    if same:
+        progress("the reference ran beside the engine on the same tokens: reusing it")
+        for path, kept in zip(made, (result.reference, result.reference_fp32)):
+            shutil.rmtree(kept, ignore_errors=True)
+            os.replace(path, kept)
+        os.replace(made[0].parent / "reference.log", traces / "reference.log")
+        result.reference_beside = True
+    shutil.rmtree(made[0].parent, ignore_errors=True)
+
+
+def room_beside(spec: DiagnosisSpec, env: dict[str, str] | None = None) -> bool:
     """Whether the reference may run beside an engine: a second core, and memory for the reference's fp32 copy of
     the weights, the engine's copy and its KV cache without either swapping (``EKKA_REFERENCE_BESIDE=0``: never)."""
-    if os.environ.get("EKKA_REFERENCE_BESIDE") == "0" or (os.cpu_count() or 1) < 2:
+    if {**os.environ, **(env or {})}.get("EKKA_REFERENCE_BESIDE") == "0" or (os.cpu_count() or 1) < 2:
         return False
     weights = sum(f.stat().st_size for f in Path(spec.model).glob("*.safetensors")) if Path(spec.model).is_dir() else 0
     available = _mem_available()
@@ -171,14 +190,11 @@ def _mem_available() -> int | None:
     return None
 
 
-def _same_fed_tokens(reference: Path, target: Path) -> bool:
+def _same_fed_tokens(reference: RunInfo, target: RunInfo) -> bool:
     """Whether a reference trace was teacher-forced on exactly what the traced target fed its model."""
-    try:
-        ref, tgt = Trace(reference).run, Trace(target).run
-    except EkkaError:
-        return False
-    return (ref.complete and ref.token_ids == tgt.token_ids and ref.prompt_lens == tgt.prompt_lens
-            and ref.dtype.removeprefix("torch.") == tgt.dtype.removeprefix("torch."))
+    return (reference.complete and reference.token_ids == target.token_ids
+            and reference.prompt_lens == target.prompt_lens
+            and reference.dtype.removeprefix("torch.") == target.dtype.removeprefix("torch."))
 
 
 def run_engine(spec: DiagnosisSpec, directory: Path, args: dict[str, Any], *, label: str, fresh: bool = False,

@@ -209,8 +209,7 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
         seq_by_req = {outcomes[i][0].request_id: i for i in outcomes}
         prompts = [r.prompt_token_ids for r in result.requests]
         generated = [r.generated for r in result.requests]
-        # What the model was fed: the prompt and every generated token but the last (which is only sampled).
-        token_ids = [p + g[:-1] for p, g in zip(prompts, generated)]
+        token_ids = [r.fed_token_ids for r in result.requests]
         cached = [r.num_cached_tokens for r in result.requests]
         _close_trace(llm, seq_by_req, [len(p) for p in prompts], token_ids, generated, prompts, cached, failure)
         tp = int(args.get("tensor_parallel_size", 1))

@@ -59,6 +59,11 @@ class RequestOutcome:
     num_cached_tokens: int = 0       # prompt tokens served from the prefix cache (not computed for this request)
     wave: int = 0
 
+    @property
+    def fed_token_ids(self) -> list[int]:
+        """What the model was fed: the prompt and every generated token but the last (which is only sampled)."""
+        return self.prompt_token_ids + self.generated[:-1]
+
     @staticmethod
     def from_json(d: dict[str, Any]) -> "RequestOutcome":
         d = dict(d)

@@ -14,7 +14,6 @@ from dataclasses import replace
 import pytest
 
 from ekka_core.capture import SCORES_FILE, capture, run_engine, run_host, score_run
-from ekka_core.capture.scores import scores_from_traces
 from ekka_core.capture.trace import Trace
 from ekka_core.capture.vllm_config import served_args
 from ekka_core.contracts.errors import BadInput
@@ -42,7 +41,7 @@ def test_the_reference_beside_the_engine_is_the_reference_and_scores_the_served_
     said: list[str] = []
     beside = capture(spec, tmp_path / "beside", beside=served.directory, progress=said.append)
     assert any("beside the engine on the same tokens" in m for m in said), said
-    assert beside.beside == (beside.reference, beside.reference_fp32)
+    assert beside.reference_beside and not any("tracing the reference" in m for m in said), said
     assert not (tmp_path / "beside" / "traces" / "beside").exists()
 
     after = capture(spec, tmp_path / "after")            # the reference after the engine, as before
@@ -50,15 +49,18 @@ def test_the_reference_beside_the_engine_is_the_reference_and_scores_the_served_
     _same_shards(beside.reference_fp32, after.reference_fp32)
 
     # The served run scored from the traces made on its tokens = scored by a reference run of its own.
-    from_traces = scores_from_traces(served.outputs, Trace(beside.reference), Trace(beside.reference_fp32))
-    own = score_run(spec, served.directory)
+    from_traces = beside.beside_scores
     assert from_traces is not None
-    assert from_traces.own_prompt_token_ids == own.own_prompt_token_ids
-    for a, b in ((from_traces.low, own.low), (from_traces.fp32, own.fp32)):
-        for ra, rb in zip(a.requests, b.requests, strict=True):
-            for sa, sb in zip(ra.steps, rb.steps, strict=True):
-                assert sa.tokens == sb.tokens and sa.argmax == sb.argmax
-                assert sa.logprobs == pytest.approx(sb.logprobs, abs=1e-5)
+    _same_scores(from_traces, score_run(spec, served.directory))
+
+
+def _same_scores(a, b) -> None:
+    assert a.own_prompt_token_ids == b.own_prompt_token_ids
+    for x, y in ((a.low, b.low), (a.fp32, b.fp32)):
+        for rx, ry in zip(x.requests, y.requests, strict=True):
+            for sx, sy in zip(rx.steps, ry.steps, strict=True):
+                assert sx.tokens == sy.tokens and sx.argmax == sy.argmax
+                assert sx.logprobs == pytest.approx(sy.logprobs, abs=1e-5)
 
 
 @pytest.mark.slow
@@ -74,13 +76,20 @@ def test_a_reference_made_on_other_tokens_is_not_the_reference(zoo_model, tmp_pa
 
     said: list[str] = []
     result = capture(spec, tmp_path / "c", beside=other, progress=said.append)
-    assert result.beside is not None and result.beside[0] != result.reference
+    assert any("runs beside the engine" in m for m in said), said
+    assert not result.reference_beside
     assert any("tracing the reference" in m for m in said), said      # run again, on the target's own tokens
     target = Trace(result.target).run
     assert Trace(result.reference).run.token_ids == target.token_ids
-    assert Trace(result.beside[0]).run.token_ids != target.token_ids
-    assert Trace(result.beside[0]).run.token_ids[0] == (EngineOutputs.load(other).requests[0].prompt_token_ids
-                                                        + EngineOutputs.load(other).requests[0].generated[:-1])
+    assert not (tmp_path / "c" / "traces" / "beside").exists()
+    # What was made beside scores the other run, teacher-forced on its tokens (not the target's): as a reference run
+    # of its own on that run scores it, and unlike one on the served run's tokens.
+    scores = result.beside_scores
+    assert scores is not None
+    _same_scores(scores, score_run(spec, other))
+    own_served = score_run(spec, served.directory)
+    assert scores.low.requests[0].steps[1].logprobs != pytest.approx(own_served.low.requests[0].steps[1].logprobs,
+                                                                     abs=1e-5)
 
 
 @pytest.mark.slow
