@@ -84,22 +84,27 @@ PARTS_1B = [("served run, compile cache empty", "served", FRESH),
 
 
 class TreePeak:
-    """The peak of the summed RSS of a process and all its descendants (runs forked from the host, an engine's
-    workers, a reference beside an engine), sampled every 0.2 s from /proc."""
+    """The peaks of the summed RSS and the summed PSS of a process and all its descendants (runs forked from the
+    host, an engine's workers, a reference beside an engine), sampled every 0.2 s from /proc. Summed RSS counts a
+    page shared by several processes once per process — the checkpoint's page-cache pages an engine and a reference
+    beside it both map, the host's pages its forked children share — PSS divides each shared page among its
+    sharers, so summed PSS is the memory the tree really holds."""
 
     def __init__(self, pid: int):
-        self.pid, self.peak, self.done = pid, 0, threading.Event()
+        self.pid, self.peak, self.peak_pss, self.done = pid, 0, 0, threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
 
     def _sample(self) -> None:
         while not self.done.wait(0.2):
-            self.peak = max(self.peak, sum(_rss(p) for p in _tree(self.pid)))
+            tree = _tree(self.pid)
+            self.peak = max(self.peak, sum(_status_kb(p, "VmRSS:", "status") for p in tree))
+            self.peak_pss = max(self.peak_pss, sum(_status_kb(p, "Pss:", "smaps_rollup") for p in tree))
 
-    def stop(self) -> int:
+    def stop(self) -> tuple[int, int]:
         self.done.set()
         self.thread.join()
-        return self.peak
+        return self.peak, self.peak_pss
 
 
 def _tree(pid: int) -> list[int]:
@@ -115,10 +120,11 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _rss(pid: int) -> int:
+def _status_kb(pid: int, field: str, file: str) -> int:
+    """A ``field: N kB`` line of /proc/<pid>/<file>, in bytes (0 for a process gone meanwhile)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -151,24 +157,26 @@ def main() -> int:
             return 1
         row = json.loads(stdout.strip().splitlines()[-1])
         row["wall_s"] = round(time.perf_counter() - t0, 1)
-        row["peak_rss_gb"] = round(peak.stop() / 2**30, 2)
+        rss, pss = peak.stop()
+        row["peak_rss_gb"], row["peak_pss_gb"] = round(rss / 2**30, 2), round(pss / 2**30, 2)
         rows.append((label, row))
         print(f"{label}: {row}", file=sys.stderr, flush=True)
     # Ratios of the seconds each part measured itself (model built, part's own interpreter started before).
     cold = rows[0][1]["seconds"]
     print(f"model: {a.model}, prompt tokens {rows[0][1].get('prompt_tokens')}")
-    print("| part | compile cache | engine start s | s | × cold served run | peak RSS GB (process tree) | traces MB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| part | compile cache | engine start s | s | × cold served run | peak RSS GB (process tree, summed) | "
+          "peak PSS GB (process tree) | traces MB |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, row in rows:
         verdict = f" ({row['verdict']})" if "verdict" in row else ""
         print(f"| {label}{verdict} | {row.get('compile_cache') or '—'} | {row['engine_start_s']} | {row['seconds']} | "
-              f"{row['seconds'] / cold:.2f} | {row['peak_rss_gb']} | {row.get('trace_mb', '—')} |")
+              f"{row['seconds'] / cold:.2f} | {row['peak_rss_gb']} | {row['peak_pss_gb']} | {row.get('trace_mb', '—')} |")
     served, served_warm = rows[1][1], rows[1][1]["seconds"]
     if a.model == "1b":
         d, again = rows[2][1], rows[3][1]["seconds"]
         print(f"\nclean diagnosis (filled cache): {d['seconds'] / served_warm:.2f}× a served run that loads its graph, "
               f"{d['seconds'] / cold:.2f}× a cold served run; peak RSS {d['peak_rss_gb'] / served['peak_rss_gb']:.2f}×"
-              f" the served run's; traces {d['trace_mb']} MB; the re-run {again / d['seconds']:.2f}× the first")
+              f" the served run's (PSS {d['peak_pss_gb'] / served['peak_pss_gb']:.2f}×); traces {d['trace_mb']} MB; the re-run {again / d['seconds']:.2f}× the first")
         return 0
     d_cold, d_warm, d_fresh, d_again = (rows[i][1]["seconds"] for i in (3, 4, 5, 6))
     print(f"\nserved run: filled cache {served_warm / cold:.2f}× the empty one; clean diagnosis (filled cache): "

@@ -200,7 +200,10 @@ def _trace_functions(model: Any, tracer: ModuleTracer) -> Any:
 
 
 def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int], dtype: str, role: str,
-        out_dir: Path) -> dict[str, Any]:
+        out_dir: Path, *, weight_sums: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """Trace HF teacher-forced on ``token_ids`` in ``dtype`` into ``out_dir``. ``weight_sums``: those of another run
+    of this checkpoint in this process (:func:`~ekka_core.capture.hooks.weight_sums` rounds to bf16 first, so an
+    fp32 and a bf16 load of one checkpoint give the same), not computed again."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -224,6 +227,8 @@ def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int],
                        own_prompt_token_ids=own_inputs(spec.model, spec.request_list()),
                        token_ids=token_ids, prompt_lens=prompt_lens)
     writer = TraceWriter(out_dir, run_info)
+    if weight_sums is not None:
+        model._ekka_weight_sums = weight_sums
     tracer = tracer_for(writer, layout, spec.trace_options()).attach(model)
     restore = _trace_functions(model, tracer)
     try:
@@ -242,4 +247,4 @@ def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int],
     for step in writer.steps:
         step.phase = "teacher-forced"   # one pass over prompt and generated tokens together
     writer.close(complete=tracer.fired > 0, failure=None if tracer.fired else "no module hook fired")
-    return {"calls": len(writer.calls), "steps": len(writer.steps)}
+    return {"calls": len(writer.calls), "steps": len(writer.steps), "weight_sums": run_info.weight_sums}

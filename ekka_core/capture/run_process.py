@@ -39,8 +39,10 @@ def main(argv: list[str]) -> int:
                 torch.set_num_threads(int(threads))
             ids, lens, dtype = _fed_tokens(Path(argv[3]))
             fp32_out = Path(argv[4])
-            hf_runner.run(spec, ids, lens, dtype, "reference", out)
-            hf_runner.run(spec, ids, lens, "float32", "reference-fp32", fp32_out)
+            # fp32 first: its weight sums serve the low-precision run too (they are of the bf16-rounded values,
+            # the same for both copies of one checkpoint).
+            sums = hf_runner.run(spec, ids, lens, "float32", "reference-fp32", fp32_out)["weight_sums"]
+            hf_runner.run(spec, ids, lens, dtype, "reference", out, weight_sums=sums)
         elif role == "score":
             from ekka_core.capture import hf_runner
             from ekka_core.contracts.serving import EngineOutputs

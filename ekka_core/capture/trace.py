@@ -50,7 +50,8 @@ class TraceWriter:
         t = t.detach()
         if self.store_dtype is not None and t.is_floating_point():
             t = t.to(self.store_dtype)
-        t = t.to("cpu", copy=True).contiguous()
+        # One copy, whatever the layout (``to(copy=True).contiguous()`` copied a strided tensor twice).
+        t = t.clone(memory_format=torch.contiguous_format) if t.device.type == "cpu" else t.to("cpu").contiguous()
         with self._lock:
             self._pending[key] = t
             self._pending_bytes += t.numel() * t.element_size()

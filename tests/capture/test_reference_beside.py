@@ -12,6 +12,8 @@ import threading
 from dataclasses import replace
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from ekka_core.capture import SCORES_FILE, capture, run_engine, run_host, score_run
 from ekka_core.capture.trace import Trace
@@ -24,11 +26,25 @@ from ekka_core.pipeline import diagnose
 PROMPTS = ["The capital of France is", "Once upon a time there was a small model that learned to count."]
 
 
-def _same_shards(a, b) -> None:
+def _same_shards(a, b, *, fp32_rounding: bool = False) -> None:
     shards = sorted(p.name for p in a.glob("*.safetensors"))
     assert shards and shards == sorted(p.name for p in b.glob("*.safetensors"))
     for name in shards:
-        assert (a / name).read_bytes() == (b / name).read_bytes(), a / name
+        if not fp32_rounding:
+            assert (a / name).read_bytes() == (b / name).read_bytes(), a / name
+            continue
+        # The reference beside runs on one torch thread, the one after on every core; on some CPUs an fp32 GEMM
+        # splits its reduction by thread count (measured on a 2-core AMD EPYC: relative difference 5.7e-7, the
+        # bf16 run bit-identical). Same tensors, equal to fp32 rounding, far below the bf16 noise they measure.
+        x, y = load_file(a / name), load_file(b / name)
+        assert x.keys() == y.keys()
+        for key in x:
+            assert x[key].shape == y[key].shape and x[key].dtype == y[key].dtype, key
+            if x[key].is_floating_point():
+                diff = (x[key].double() - y[key].double()).norm() / y[key].double().norm().clamp_min(1e-30)
+                assert diff <= 1e-5, (a / name, key, float(diff))
+            else:
+                assert torch.equal(x[key], y[key]), key
 
 
 @pytest.mark.slow
@@ -46,7 +62,7 @@ def test_the_reference_beside_the_engine_is_the_reference_and_scores_the_served_
 
     after = capture(spec, tmp_path / "after")            # the reference after the engine, as before
     _same_shards(beside.reference, after.reference)
-    _same_shards(beside.reference_fp32, after.reference_fp32)
+    _same_shards(beside.reference_fp32, after.reference_fp32, fp32_rounding=True)
 
     # The served run scored from the traces made on its tokens = scored by a reference run of its own.
     from_traces = beside.beside_scores

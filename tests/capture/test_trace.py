@@ -544,3 +544,71 @@ def test_an_endpoint_subtracting_an_input_gives_the_block_without_its_residual(t
     rows = rows_of(trace, Endpoint(["layers.0"], minus_input=0))
     assert torch.allclose(rows.matrix, expected["layers.0.down"][1], atol=1e-6)     # down(…) alone
     assert not torch.allclose(rows_of(trace, Endpoint(["layers.0"])).matrix, expected["layers.0.down"][1], atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What is not written twice, and what is not written at all.
+
+class _Attention(nn.Module):
+    """Returns (output, probabilities) as HF's eager attention does; the probabilities are [1, heads, L, L]."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = torch.softmax(x.unsqueeze(0).unsqueeze(0) @ x.t().unsqueeze(0).unsqueeze(0), dim=-1)
+        return (scores @ x).squeeze(0).squeeze(0), scores.expand(1, 2, -1, -1)
+
+
+class _Block(nn.Module):
+    """A parent returning its last child's output object (HF's LlamaMLP returns down_proj's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = _Attention()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.attn(x)[0])
+
+
+class _Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = _Block(), _Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        z = self.b(y)
+        y.mul_(0.0)          # after its hooks ran: both calls that returned this object must be flagged
+        return z
+
+
+def _trace_twice(tmp: Path) -> tuple[Trace, torch.Tensor]:
+    torch.manual_seed(0)
+    model, x = _Twice().eval(), torch.randn(5, 4)
+    with torch.no_grad():
+        expected = model.a.proj(model.a.attn(x)[0])
+    writer = TraceWriter(tmp, RunInfo("hf", "0", "reference", "m", "float32"))
+    tracer = ModuleTracer(writer, lambda args, kwargs: ([0] * 5, list(range(5)))).attach(model)
+    with torch.no_grad():
+        model(x)
+    tracer.detach()
+    tracer.resolve_steps(lambda r: r, [5])
+    writer.close(complete=True)
+    return Trace(tmp), expected
+
+
+def test_a_parent_returning_its_childs_output_shares_the_stored_copy(tmp_path):
+    trace, expected = _trace_twice(tmp_path)
+    calls = {c.module: c for c in trace.calls}
+    assert calls["a"].outputs[0].key == calls["a.proj"].outputs[0].key
+    assert torch.equal(trace.tensor(calls["a"].outputs[0]), expected)   # the value at hook time, not the zeros
+    assert calls["a"].mutated_after_hook and calls["a.proj"].mutated_after_hook
+    assert not calls["b"].mutated_after_hook
+
+
+def test_attention_probabilities_are_not_stored_and_the_attention_output_is(tmp_path):
+    trace, _ = _trace_twice(tmp_path)
+    attn = next(c for c in trace.calls if c.module == "a.attn")
+    assert isinstance(attn.outputs[0], TensorRef) and attn.outputs[0].shape == [5, 4]
+    assert attn.outputs[1] == "attention probabilities [1, 2, 5, 5]: not stored"
+    with __import__("safetensors").safe_open(str(next(tmp_path.glob("shard-*.safetensors"))), "pt") as f:
+        assert not any(f.get_slice(k).get_shape()[-2:] == [5, 5] for k in f.keys())
