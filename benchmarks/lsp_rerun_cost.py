@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -64,6 +66,10 @@ async def _session(ws: Path, spec_file: Path, model: str, env: dict[str, str]) -
     def _report(params: Any) -> None:
         pass
 
+    @client.feature(types.WORKSPACE_CODE_LENS_REFRESH)
+    def _refresh(params: Any) -> None:     # the editor redraws its lenses; nothing to time
+        return None
+
     await client.start_io(sys.executable, "-m", "server", env=env)
     await client.initialize_session(types.InitializeParams(
         capabilities=client_capabilities("visual-studio-code"), root_uri=from_fs_path(str(ws)),
@@ -86,9 +92,12 @@ async def _session(ws: Path, spec_file: Path, model: str, env: dict[str, str]) -
     return rows
 
 
+@attrs.define
 class _Raw:
-    def __init__(self, method: str, jsonrpc: str, params: Any = None):
-        self.method, self.jsonrpc, self.params = method, jsonrpc, params
+    """An ekka/* notification kept as plain JSON (cattrs structures attrs classes; as tests/server/test_server.py)."""
+    method: str
+    jsonrpc: str
+    params: Any = None
 
 
 def main() -> int:
