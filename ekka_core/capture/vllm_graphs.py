@@ -1,0 +1,122 @@
+"""The graphs vLLM compiles, localised on the values its first real step feeds them — for compile-only divergences.
+
+``EKKA_GRAPH_DIR=DIR`` (set by Ekka's plugin in the engine process): Inductor's ``compile_fx`` is wrapped, so every
+graph the engine hands Inductor (vLLM-CPU: the whole model, traced once by Dynamo; vLLM's own piecewise backend on
+CUDA compiles through it too) keeps its Dynamo graph and config patches, and its compiled callable is wrapped. At the
+engine's first real ``execute_model`` (warm-up passes never get there) the first call of each compiled graph runs as
+compiled, and then the graph is localised *right there*, inside the model's forward: its attention calls need the
+step's forward context, and graphs and tensors never leave the process, so nothing is pickled.
+``DIR/graph_localisation.json`` is written.
+
+What replay costs: the eager and compiled re-runs of each piece write the KV cache slots of this step again (with the
+values of the last re-run), so the tokens this run samples after its first step are not the served run's — this run
+is a localisation, never the symptom check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+GRAPH_DIR_ENV = "EKKA_GRAPH_DIR"
+RESULT_FILE = "graph_localisation.json"
+
+_armed = False
+_dtype = "bfloat16"      # the model's dtype, from the runner that armed the step
+_localising = False      # our own replay compiles through the same entry: those graphs are not the engine's
+_results: list[Any] = []
+
+
+def install(directory: Path) -> None:
+    """Wrap Inductor's entry and vLLM's model runner in this process, and keep vLLM's compile cache off: a graph
+    loaded from it never reaches Inductor, so there would be no graph to localise."""
+    import torch._inductor.compile_fx as inductor_entry
+
+    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+    from ekka_core.capture import vllm_compat
+
+    compile_fx = inductor_entry.compile_fx
+
+    def recording_compile_fx(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled = compile_fx(gm, example_inputs, *args, **kwargs)
+        if _localising:
+            return compiled
+        return _LocalisedOnFirstStep(compiled, gm, dict(kwargs.get("config_patches") or {}), directory)
+
+    inductor_entry.compile_fx = recording_compile_fx
+
+    runner_class = vllm_compat.model_runner_class()
+    execute = runner_class.execute_model
+
+    def execute_model(runner: Any, *args: Any, **kwargs: Any) -> Any:
+        global _armed, _dtype
+        first = not getattr(runner, "_ekka_graphs_done", False)
+        if first:
+            runner._ekka_graphs_done = True
+            _dtype = str(runner.model_config.dtype).removeprefix("torch.")
+            _armed = True
+        try:
+            return execute(runner, *args, **kwargs)
+        finally:
+            if first:
+                _armed = False
+                _write(directory, _dtype)
+
+    runner_class.execute_model = execute_model
+
+
+class _LocalisedOnFirstStep:
+    """A compiled graph that, on its first call in the armed step, runs as compiled and is then localised. Every
+    other attribute is the compiled graph's (vLLM asks it for ``serialize`` and the like)."""
+
+    def __init__(self, compiled: Any, gm: Any, patches: dict[str, Any], directory: Path) -> None:
+        self._compiled, self._gm, self._patches, self._directory = compiled, gm, patches, directory
+        self._done = False
+
+    def __call__(self, *args: Any) -> Any:
+        out = self._compiled(*args)
+        if _armed and not self._done:
+            self._done = True
+            _localise(self._gm, [_kept(a) for a in args], self._patches, self._directory)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._compiled, name)
+
+
+def _kept(value: Any) -> Any:
+    """An argument as it was: activations are copied (vLLM reuses their buffers), weights are kept by reference."""
+    import torch
+
+    if isinstance(value, torch.nn.Parameter) or not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().clone()
+
+
+def _localise(gm: Any, inputs: list[Any], patches: dict[str, Any], directory: Path) -> None:
+    global _localising
+    from ekka_core.graph import localise_in_graph
+
+    _localising = True
+    try:
+        _results.append(localise_in_graph(gm, inputs, dtype=_dtype, config_patches=patches,
+                                          threshold=float(os.environ.get("EKKA_GRAPH_THRESHOLD", "2.0"))))
+    finally:
+        _localising = False
+
+
+def _write(directory: Path, dtype: str) -> None:
+    """The first compiled graph's localisation that found a departure, else the first one; none ran: said so."""
+    from ekka_core.contracts.graph import GraphLocalisation
+    from ekka_core.contracts.jsonable import to_json
+
+    if _results:
+        result = next((r for r in _results if r.departs), _results[0])
+    else:
+        result = GraphLocalisation(replayable=False, threshold=0.0, row_threshold=0.0, dtype=dtype,
+                                   reason="no compiled graph ran in the engine's first step (compilation off, or "
+                                          "the graphs were loaded from the compile cache without Inductor)")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / RESULT_FILE).write_text(json.dumps(to_json(result), indent=1))
