@@ -164,6 +164,9 @@ def _name_the_pass(piece: Piece, inputs: list[Any], dtype: str, config_patches: 
                 ratio, _row, row_ratio = score(piece.graph, inputs, dtype, toggle.compile_piece)
         except NotComparable:
             continue
+        except Exception as exc:   # one stage Inductor cannot do without: that toggle is not tried, the rest are
+            tried[-1] += f" (could not compile without it: {type(exc).__name__})"
+            continue
         if not limit.departs(ratio, row_ratio):
             found.append(PassFinding(stage=toggle.stage, name=toggle.name, ratio_without=ratio,
                                      words=f"{toggle.words}, {piece.module or 'the graph'} agrees "

@@ -11,6 +11,9 @@ import torch._inductor.decomposition as decomposition
 model, out = sys.argv[1], sys.argv[2]
 os.environ["EKKA_GRAPH_DIR"] = out
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from ekka_core.capture.vllm_config import CPU_KVCACHE_GIB  # noqa: E402
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))   # as Ekka's runner: other tests run beside
 decomposition.decompositions[torch.ops.aten.silu.default] = lambda x: x * torch.sigmoid(1.702 * x)
 
 from vllm import LLM, SamplingParams  # noqa: E402  (after the environment it reads)
