@@ -118,5 +118,8 @@ def _write(directory: Path, dtype: str) -> None:
         result = GraphLocalisation(replayable=False, threshold=0.0, row_threshold=0.0, dtype=dtype,
                                    reason="no compiled graph ran in the engine's first step (compilation off, or "
                                           "the graphs were loaded from the compile cache without Inductor)")
+    result.notes += ["vLLM's compile cache was off for this run (VLLM_DISABLE_COMPILE_CACHE=1), so its graph was "
+                     "compiled and could be split", "the first step's KV cache slots were written again by the "
+                     "replays: tokens sampled after it are not the served run's"]
     directory.mkdir(parents=True, exist_ok=True)
     (directory / RESULT_FILE).write_text(json.dumps(to_json(result), indent=1))

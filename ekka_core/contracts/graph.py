@@ -64,6 +64,7 @@ class GraphLocalisation:
     passes: list[PassFinding] = field(default_factory=list)
     tried_toggles: list[str] = field(default_factory=list)
     reason: str = ""
+    notes: list[str] = field(default_factory=list)   # what the run that produced it changed (engine settings)
 
     @property
     def departs(self) -> bool:

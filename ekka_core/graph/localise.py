@@ -8,6 +8,7 @@ the noise of correct compilation. Then name the compiler stage whose removal bri
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -19,9 +20,9 @@ from typing import Any
 from torch import fx
 
 from ekka_core.contracts.graph import GraphLocalisation, NodeSource, PassFinding, PieceResult
+from ekka_core.contracts.ranking import finite_ratio
 from ekka_core.graph.passes import rewritten_nodes, toggles
 from ekka_core.graph.pieces import Piece, by_module, by_node, node_source, split_by_module
-from ekka_core.contracts.ranking import finite_ratio
 from ekka_core.graph.replay import Compile, NotComparable, inductor, piece_inputs, score
 
 NOISE_FILE = Path(__file__).with_name("compile_noise.json")
@@ -43,11 +44,15 @@ class Limits:
         return ratio > self.piece or (row_ratio is not None and row_ratio > self.row)
 
 
+@functools.cache
+def _compile_noise() -> dict[str, Any]:
+    return json.loads(NOISE_FILE.read_text()) if NOISE_FILE.exists() else {}
+
+
 def compile_threshold(threshold: float, *, rows: bool = False) -> float:
     """The spec's threshold, raised to a multiple of the largest clean compiled-vs-eager ratio measured (of a whole
     piece, or of its worst row) on every zoo architecture (``benchmarks/compile_noise.py``)."""
-    noise = json.loads(NOISE_FILE.read_text()) if NOISE_FILE.exists() else {}
-    measured = noise.get("largest_clean_row_ratio" if rows else "largest_clean_ratio", 0.0)
+    measured = _compile_noise().get("largest_clean_row_ratio" if rows else "largest_clean_ratio", 0.0)
     return max(threshold, COMPILE_NOISE_FACTOR * measured)
 
 
@@ -116,14 +121,14 @@ def _first_departing(gm: fx.GraphModule, inputs: list[Any], key: Any, dtype: str
         except NotComparable as why:
             ratio, row, row_ratio, not_compared = math.nan, None, None, str(why)
         result = PieceResult(index=piece.index, module=piece.module, module_class=piece.module_class,
-                             nodes=_computing_nodes(piece.graph),
+                             nodes=len(_computing(piece.graph)),
                              error_ratio=None if not_compared else finite_ratio(ratio), worst_row=row,
                              worst_row_ratio=row_ratio, not_compared=not_compared,
                              departs=not_compared is None and limit.departs(ratio, row_ratio))
         scored.append(result)
         if result.departs:
             return piece, fed[piece.submodule], result
-        if not_compared and levels > 1 and _computing_nodes(piece.graph) > 1:
+        if not_compared and levels > 1 and len(_computing(piece.graph)) > 1:
             deeper = _first_departing(piece.graph, fed[piece.submodule], by_module(1, within=piece.module), dtype,
                                       compile_piece, limit, say, scored, levels - 1)
             if deeper is not None:
@@ -194,5 +199,3 @@ def _computing(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
 
 
-def _computing_nodes(gm: fx.GraphModule) -> int:
-    return len(_computing(gm))

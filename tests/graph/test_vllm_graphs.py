@@ -40,6 +40,7 @@ def test_the_served_engines_compiled_graph_is_localised_in_the_engine(zoo_model,
     unscored = [p for p in result.pieces if p.not_compared is not None]
     assert unscored and all("not finite" in p.not_compared for p in unscored)
     assert not result.departs and not result.conclusive      # a clean engine, but not every piece was compared
+    assert any("compile cache was off" in n for n in result.notes)   # what this run changed is said
 
 
 @pytest.mark.slow
