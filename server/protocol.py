@@ -36,7 +36,9 @@ report 95), end ``"<state>: <message>"``. ``window/workDoneProgress/cancel`` on 
 Diagnostics (``source: "ekka"``, ``data: {jobId, rank, module}``, severity 1 Error for rank 1, 2 Warning for
 rank 2, 3 Information otherwise; suspects on one line merge into one diagnostic):
 ``ekka-suspect`` on the class definition line, ``ekka-suspect-forward`` on the class's own ``forward`` (not an
-inherited one in another file), ``ekka-suspect-call`` where the parent's forward calls the module.
+inherited one in another file), ``ekka-suspect-call`` where the parent's forward calls the module,
+``ekka-suspect-graph-node`` on the source line of each graph node a ``compiled`` suspect names (the line the
+compiled graph's departing node was traced from).
 Code lenses on suspects' class lines: title ``Ekka #1 · ratio 49.7× · diverges from token 16 · Show
 divergence``, command ``ekka.showDivergence`` with ``[{jobId, module}]``. A report with a release bisection
 (``bisect``, outcome ``regression-found``) adds ``changed in 1.1 (last good 1.0) · Show diff`` on the class line
@@ -103,6 +105,7 @@ DIAGNOSTIC_SOURCE = "ekka"
 CODE_SUSPECT = "ekka-suspect"
 CODE_SUSPECT_FORWARD = "ekka-suspect-forward"
 CODE_SUSPECT_CALL = "ekka-suspect-call"
+CODE_SUSPECT_GRAPH_NODE = "ekka-suspect-graph-node"
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL_STATES = ("done", "failed", "cancelled")

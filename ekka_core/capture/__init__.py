@@ -9,6 +9,8 @@ Entry points:
   its request path fed, what it generated and the logprobs it sampled from (``outputs.json``), scored against the
   reference teacher-forced on the same tokens (``reference-scores.json``). The served run's reference runs beside
   the traced target (``capture(beside=…)``: the second core), and scores it too (:func:`keep_scores`).
+* :func:`localise_compiled` — one untraced run of a compiled configuration whose compiled graphs are localised
+  piece by piece inside the engine process (:mod:`ekka_core.graph`, through :mod:`~ekka_core.capture.vllm_graphs`).
 
 Each run happens in its own process (``python -m ekka_core.capture.run_process``): an engine crash cannot take
 the caller down, what it captured so far is kept on disk marked incomplete, and vLLM's process-wide settings
@@ -18,10 +20,10 @@ the caller down, what it captured so far is kept on disk marked incomplete, and 
 
 from ekka_core.capture.external import external_target, spec_for_trace
 from ekka_core.capture.runs import (ENGINE_ENV, CaptureResult, EngineRun, Progress, capture, keep_scores, load,
-                                    run_engine, score_run)
+                                    localise_compiled, run_engine, score_run)
 from ekka_core.capture.trace import INDEX
 from ekka_core.contracts.scores import SCORES_FILE, SCORES_SCHEMA
 from ekka_core.contracts.serving import OUTPUTS_FILE
 
-__all__ = ["capture", "CaptureResult", "EngineRun", "keep_scores", "load", "run_engine", "score_run", "INDEX",
+__all__ = ["capture", "CaptureResult", "EngineRun", "keep_scores", "load", "localise_compiled", "run_engine", "score_run", "INDEX",
            "SCORES_FILE", "SCORES_SCHEMA"]

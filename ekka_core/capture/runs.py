@@ -24,6 +24,7 @@ from ekka_core.capture.run_process import REFERENCE_THREADS_ENV
 from ekka_core.capture.scores import scores_from_traces
 from ekka_core.capture.trace import INDEX, RunInfo, Trace
 from ekka_core.contracts.errors import EkkaError, InternalFailure
+from ekka_core.contracts.graph import GraphLocalisation
 from ekka_core.contracts.scores import SCORES_FILE, SCORES_SCHEMA, ReferenceScores
 from ekka_core.contracts.serving import EngineOutputs
 from ekka_core.contracts.spec import DiagnosisSpec
@@ -228,6 +229,41 @@ def run_engine(spec: DiagnosisSpec, directory: Path, args: dict[str, Any], *, la
     _worker("score", spec_file, directory, env, log=directory / "score.log")
     stamp.write_text(json.dumps({"fingerprint": fingerprint}))
     return EngineRun(directory, EngineOutputs.load(directory), _stored_scores(directory))
+
+
+def localise_compiled(spec: DiagnosisSpec, directory: Path, args: dict[str, Any], *, fresh: bool = False,
+                      env: dict[str, str] | None = None, progress: Progress = lambda msg: None) -> GraphLocalisation:
+    """One untraced engine run with exactly ``args`` (a compiled configuration) whose compiled graphs are localised
+    in the engine process on its first step (:mod:`ekka_core.capture.vllm_graphs`); reused while spec, arguments and
+    engine environment are unchanged. An engine that could not run, or wrote no localisation, gives a result that
+    says so (``replayable`` False), never one that agrees."""
+    from ekka_core.capture.vllm_graphs import GRAPH_DIR_ENV, RESULT_FILE
+
+    directory = Path(directory)
+    graphs, stamp = directory / "graphs", directory / "graph-run.json"
+    fingerprint = _run_fingerprint(spec, env, args)
+    if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
+            and (graphs / RESULT_FILE).exists():
+        return _graph_result(graphs / RESULT_FILE)
+    stamp.unlink(missing_ok=True)
+    shutil.rmtree(graphs, ignore_errors=True)
+    try:
+        run_engine(spec, directory, args, label="in-graph localisation", fresh=True,
+                   env={**(env or {}), GRAPH_DIR_ENV: str(graphs)}, progress=progress, score=False)
+    except EkkaError as e:
+        return GraphLocalisation(replayable=False, threshold=0.0, row_threshold=0.0, dtype=spec.declared_dtype(),
+                                 reason=f"the engine run that localises its compiled graph failed: {e}")
+    if not (graphs / RESULT_FILE).exists():
+        return GraphLocalisation(replayable=False, threshold=0.0, row_threshold=0.0, dtype=spec.declared_dtype(),
+                                 reason="the engine ran but wrote no graph localisation (Ekka's vLLM plugin was not "
+                                        "loaded in the engine process)")
+    stamp.write_text(json.dumps({"fingerprint": fingerprint}))
+    return _graph_result(graphs / RESULT_FILE)
+
+
+def _graph_result(path: Path) -> GraphLocalisation:
+    from ekka_core.contracts.jsonable import from_json
+    return from_json(GraphLocalisation, json.loads(path.read_text()))
 
 
 def keep_scores(spec: DiagnosisSpec, run: EngineRun, args: dict[str, Any], scores: ReferenceScores,

@@ -27,6 +27,7 @@ _armed = False
 _dtype = "bfloat16"      # the model's dtype, from the runner that armed the step
 _localising = False      # our own replay compiles through the same entry: those graphs are not the engine's
 _results: list[Any] = []
+_anchors: list[tuple[str, str] | None] = []   # per result: a module it was traced through (path, class)
 
 
 def install(directory: Path) -> None:
@@ -62,7 +63,7 @@ def install(directory: Path) -> None:
         finally:
             if first:
                 _armed = False
-                _write(directory, _dtype)
+                _write(directory, _dtype, _model_of(runner))
 
     runner_class.execute_model = execute_model
 
@@ -103,17 +104,58 @@ def _localise(gm: Any, inputs: list[Any], patches: dict[str, Any], directory: Pa
     try:
         _results.append(localise_in_graph(gm, inputs, dtype=_dtype, config_patches=patches,
                                           threshold=float(os.environ.get("EKKA_GRAPH_THRESHOLD", "2.0"))))
+        _anchors.append(_traced_anchor(gm))
     finally:
         _localising = False
 
 
-def _write(directory: Path, dtype: str) -> None:
-    """The first compiled graph's localisation that found a departure, else the first one; none ran: said so."""
+def _traced_anchor(gm: Any) -> tuple[str, str] | None:
+    """One module the graph was traced through, as (its path below the traced root, its class name): the first
+    node's innermost ``nn_module_stack`` entry (Dynamo leaves the root itself out of the stack)."""
+    from ekka_core.graph.pieces import module_path
+
+    for node in gm.graph.nodes:
+        found = module_path(node)
+        if found and found[0] and found[1]:
+            return found[0], found[1]
+    return None
+
+
+def _model_of(runner: Any) -> Any:
+    get = getattr(runner, "get_model", None)
+    try:
+        return get() if callable(get) else getattr(runner, "model", None)
+    except Exception:       # noqa: BLE001 — a runner without its model loaded: module paths stay graph-relative
+        return None
+
+
+def _engine_name(model: Any, anchor: tuple[str, str] | None) -> str:
+    """The engine's path of the module the graph was traced from (vLLM compiles ``LlamaModel``, the top model's
+    ``model``): the shortest module path below which the anchor's path names a module of the anchor's class; ""
+    when that is the top model itself or it cannot be found."""
+    if model is None or anchor is None:
+        return ""
+    path, cls = anchor
+    found = []
+    for name, _module in model.named_modules():
+        try:
+            below = model.get_submodule(f"{name}.{path}" if name else path)
+        except AttributeError:
+            continue
+        if type(below).__name__ == cls:
+            found.append(name)
+    return min(found, key=len) if found else ""
+
+
+def _write(directory: Path, dtype: str, model: Any = None) -> None:
+    """The first compiled graph's localisation that found a departure, else the first one; none ran: said so.
+    Module paths are the engine's own (prefixed with the traced module's name in the model)."""
     from ekka_core.contracts.graph import GraphLocalisation
     from ekka_core.contracts.jsonable import to_json
 
     if _results:
-        result = next((r for r in _results if r.departs), _results[0])
+        index = next((i for i, r in enumerate(_results) if r.departs), 0)
+        result = _results[index].rooted(_engine_name(model, _anchors[index]))
     else:
         result = GraphLocalisation(replayable=False, threshold=0.0, row_threshold=0.0, dtype=dtype,
                                    reason="no compiled graph ran in the engine's first step (compilation off, or "

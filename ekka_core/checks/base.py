@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ekka_core.contracts.checks import CheckOutcome
+from ekka_core.contracts.graph import GraphLocalisation
 from ekka_core.contracts.ranking import Ranking
 from ekka_core.contracts.report import CheckRecord
 from ekka_core.contracts.serving import SymptomCheck, Triage
@@ -26,6 +27,7 @@ class Evidence:
     ranking: Ranking | None = None                # the traced module comparison (the culprit trace's, after triage)
     aligned: Any = None                           # its aligned pairs (ekka_core.align.AlignedPairs)
     triage: Triage | None = None
+    graph: GraphLocalisation | None = None        # in-graph localisation, when triage found compilation decides
     outcomes: list[CheckOutcome] = field(default_factory=list)   # what earlier checks found, in order
 
     @property
@@ -37,7 +39,8 @@ class Evidence:
 
 # What each Evidence field is, in words (a skipped check says what it lacked).
 EVIDENCE_WORDS = {"served_check": "served run", "traced_check": "traced run", "ranking": "traced module comparison",
-                  "aligned": "aligned tensors", "triage": "configuration triage"}
+                  "aligned": "aligned tensors", "triage": "configuration triage",
+                  "graph": "in-graph localisation (triage did not find that compilation makes the difference)"}
 
 
 class Check(Protocol):

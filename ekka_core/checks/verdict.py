@@ -87,6 +87,8 @@ def compose(evidence: Evidence) -> Composed:
         t = evidence.triage
         why = t.words if t and t.words else "no traced module departs from the reference"
         lead = f"the served configuration diverges at the output level (ratio {served.ratio:.2f}) but {why}"
+        # What the in-graph localisation could not observe is said with it: the verdict rests on triage alone.
+        lead += "".join(f"; {m}" for o in named("graph") if o.status == "inconclusive" for m in o.record.missing)
         return Composed("divergent", [], conventions, lead_notes=[lead], notes=notes)
     missing = [m for o in outcomes if o.status == "inconclusive" for m in o.record.missing]
     if missing:                                                                                  # row 5

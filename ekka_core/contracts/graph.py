@@ -37,6 +37,9 @@ class PieceResult:
     worst_row_ratio: float | None = None
     departs: bool = False
     not_compared: str | None = None  # why this piece could not be scored (then it never counts as agreeing)
+    # A piece not compared as a whole that was split and whose every child was compared (or is covered in turn):
+    # its computation was observed, child by child.
+    covered_by_children: bool = False
 
 
 @dataclass
@@ -65,13 +68,37 @@ class GraphLocalisation:
     tried_toggles: list[str] = field(default_factory=list)
     reason: str = ""
     notes: list[str] = field(default_factory=list)   # what the run that produced it changed (engine settings)
+    # The engine module the graph was traced from ("model"), when known: module paths above are then the engine's
+    # own (``model.layers.0.mlp``), as the traced comparison names them; "" leaves them relative to the graph.
+    root: str = ""
 
     @property
     def departs(self) -> bool:
         return self.suspect is not None
 
+    def rooted(self, root: str) -> "GraphLocalisation":
+        """The same result with every module path prefixed by ``root`` (the engine's name of the traced module)."""
+        if not root or self.root:
+            return self
+
+        def path(p: str | None) -> str | None:
+            return p if p is None else (f"{root}.{p}" if p else root)
+
+        if self.suspect is not None:      # the stage's words name the suspect piece too
+            before, after = f", {self.suspect.module or 'the graph'} agrees", f", {path(self.suspect.module)} agrees"
+            for finding in self.passes:
+                finding.words = finding.words.replace(before, after)
+        pieces = [*self.pieces, *self.inner_pieces, *([self.suspect] if self.suspect else [])]
+        for piece in {id(p): p for p in pieces}.values():      # the suspect may be one of the pieces itself
+            piece.module = path(piece.module) or root
+        for node in self.suspect_nodes:
+            node.module = path(node.module)
+        self.root = root
+        return self
+
     @property
     def conclusive(self) -> bool:
-        """A departure was found, or every piece was replayed and scored: only then may a verdict rest on it."""
+        """A departure was found, or every piece was replayed and scored (as a whole or child by child): only then
+        may a verdict rest on it."""
         return self.departs or (self.replayable and bool(self.pieces)
-                                and all(p.not_compared is None for p in self.pieces))
+                                and all(p.not_compared is None or p.covered_by_children for p in self.pieces))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ekka_core.contracts.graph import NodeSource, PassFinding
 from ekka_core.contracts.jsonable import NON_FINITE_JSON, to_json
 from ekka_core.contracts.report import InputsDiffer, RowFinding, SuspectKind, Unchecked, Verdict
 
@@ -79,6 +80,8 @@ class Suspect:
     noise: float | None = None      # convention: the largest distance correct engines show there (noise model)
     rows: list[RowFinding] = field(default_factory=list)     # rows / non-finite: the rows named
     non_finite: int = 0             # non-finite: how many output values are NaN/Inf
+    graph_nodes: list[NodeSource] = field(default_factory=list)        # compiled: the departing graph nodes
+    compiler_stages: list[PassFinding] = field(default_factory=list)   # compiled: stages whose removal fixes it
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ekka_core.contracts.graph import GraphLocalisation, NodeSource, PassFinding
 from ekka_core.contracts.jsonable import from_json, json_schema, to_json
 from ekka_core.contracts.serving import ConfigChange, SymptomCheck, Triage
 from ekka_core.contracts.spec import DiagnosisSpec
@@ -31,7 +32,9 @@ EXIT_CODES = {"consistent": 0, "divergent": 1, "inputs-differ": 1, "inconclusive
 #   convention  the module departs from the reference's own low-precision rounding
 #   non-finite  the first module whose output holds NaN/Inf where the reference's is finite
 #   rows        a module wrong on a few rows (request, token position) that its pooled ratio averages away
-SuspectKind = Literal["module", "glue", "convention", "non-finite", "rows"]
+#   compiled    a module whose compiled code departs from the same graph run eagerly (in-graph localisation of a
+#               compile-only divergence): the graph nodes, their source lines, the compiler stage that causes it
+SuspectKind = Literal["module", "glue", "convention", "non-finite", "rows", "compiled"]
 # The contract's minimum (docs/DESIGN.md): required in the schema although Python gives these a default.
 REQUIRED = {"required": True}
 
@@ -85,6 +88,10 @@ class Suspect:
     summary: str = ""                     # the finding in one line (ekka_core/report/findings.py), every surface's
     rows: list[RowFinding] = field(default_factory=list)      # kind "rows" / "non-finite": the rows named
     non_finite: int = 0                   # kind "non-finite": how many output values are NaN/Inf
+    # kind "compiled": the graph nodes whose compiled code departs (each with its engine source line), and the
+    # compiler stages whose removal brings the module back within noise (the first is the one named)
+    graph_nodes: list[NodeSource] = field(default_factory=list)
+    compiler_stages: list[PassFinding] = field(default_factory=list)
 
 
 # -- plots -----------------------------------------------------------------------------------------------------
@@ -339,6 +346,9 @@ class Report:
     checks: list[CheckRecord] = field(default_factory=list)     # every check the diagnosis ran, in order
     agent: AgentSection | None = None
     bisect: BisectSection | None = None
+    # In-graph localisation of a compile-only divergence (triage found compilation makes the difference): the
+    # compiled-vs-eager ratio of every piece of the engine's compiled graph, the suspect, its nodes and pass.
+    graph: GraphLocalisation | None = None
 
     def to_json(self) -> dict[str, Any]:
         return to_json(self)

@@ -12,14 +12,15 @@ from torch import fx
 
 def dynamo_graph(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[fx.GraphModule, list[Any]]:
     """One full graph of ``module(*args, **kwargs)`` with static shapes, and the values its placeholders took."""
-    captured: dict[str, Any] = {}
+    captured: list[tuple[fx.GraphModule, list[Any]]] = []
 
     def keep(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        captured.setdefault("graph", (gm, list(example_inputs)))
+        if not captured:
+            captured.append((gm, list(example_inputs)))
         return gm.forward
 
     torch._dynamo.reset()
     with torch.no_grad():
         torch.compile(module, backend=keep, fullgraph=True, dynamic=False)(*args, **kwargs)
     torch._dynamo.reset()
-    return captured["graph"]
+    return captured[0]

@@ -129,10 +129,14 @@ def _first_departing(gm: fx.GraphModule, inputs: list[Any], key: Any, dtype: str
         if result.departs:
             return piece, fed[piece.submodule], result
         if not_compared and levels > 1 and len(_computing(piece.graph)) > 1:
+            start = len(scored)
             deeper = _first_departing(piece.graph, fed[piece.submodule], by_module(1, within=piece.module), dtype,
                                       compile_piece, limit, say, scored, levels - 1)
             if deeper is not None:
                 return deeper
+            children = scored[start:]
+            result.covered_by_children = bool(children) and all(
+                c.not_compared is None or c.covered_by_children for c in children)
     return None
 
 

@@ -122,18 +122,28 @@ def score(gm: fx.GraphModule, inputs: list[Any], dtype: str, compile_piece: Comp
         eager = outputs(eager_run.run(*inputs))
         if not eager:
             return 0.0, None, None
+        compiled = outputs(compile_piece(gm, list(inputs))(*inputs))
+        if _identical(compiled, eager):
+            # Compiled code that computes eager's bits exactly (an extern kernel both call: vLLM-CPU's oneDNN
+            # linears) cannot be where compilation departs, whatever the truth: ratio 0 without a wider twin.
+            return 0.0, None, None
         wide = truth_dtype(dtype)
         truth_run = _TopK(in_wider(gm, wide))
         truth = outputs(truth_run.run(*[x.to(wide) if floating(x) else x for x in inputs]))
-        compiled = outputs(compile_piece(gm, list(inputs))(*inputs))
     tied = _tied_rows(eager_run, truth_run)
     worst, worst_row, worst_row_ratio = 0.0, None, None
+    compared = 0
     for x_t, x_r, y_r in zip(compiled, eager, truth):
         x_t, x_r, y_r = (_without(_rows(x.double()), tied) for x in (x_t, x_r, y_r))
-        if not torch.isfinite(x_r).all() or not torch.isfinite(y_r).all():
-            # No trustworthy eager run or truth to measure against: not compared, never "agrees".
-            raise NotComparable("the piece's eager run or its wider-precision twin is not finite (an op the twin "
-                                "cannot widen, e.g. a kernel with prepacked low-precision weights)")
+        if x_r.numel() == 0:        # an empty output, or every row a routing tie: nothing of it to compare
+            continue
+        compared += 1
+        # No trustworthy eager run or truth to measure against: not compared, never "agrees".
+        if not torch.isfinite(x_r).all():
+            raise NotComparable("the piece's eager replay is not finite on these inputs")
+        if not torch.isfinite(y_r).all():
+            raise NotComparable("the piece's wider-precision twin is not finite (an op the twin cannot widen, e.g. a "
+                                "kernel with prepacked low-precision weights)")
         if not torch.isfinite(x_t).all():
             return finite_ratio(math.inf), None, None
         overall = float(error_ratio(x_t, x_r, y_r, dtype))
@@ -142,7 +152,18 @@ def score(gm: fx.GraphModule, inputs: list[Any], dtype: str, compile_piece: Comp
             worst = overall
             r = int(rows.argmax())
             worst_row, worst_row_ratio = r, finite_ratio(float(rows[r]))
+    if not compared:
+        raise NotComparable("no output value of the piece is left to compare (empty outputs, or every row a routing "
+                            "tie)")
     return finite_ratio(worst), worst_row, worst_row_ratio
+
+
+def _identical(compiled: list[torch.Tensor], eager: list[torch.Tensor]) -> bool:
+    """Bit for bit, on finite eager values only: a NaN the eager run shares (fed from an earlier piece) is no
+    comparison at all, so it never counts as agreeing."""
+    return len(compiled) == len(eager) and all(
+        x_t.shape == x_r.shape and x_t.dtype == x_r.dtype and bool(torch.isfinite(x_r).all()) and torch.equal(x_t, x_r)
+        for x_t, x_r in zip(compiled, eager))
 
 
 def _without(rows: torch.Tensor, tied: set[int]) -> torch.Tensor:

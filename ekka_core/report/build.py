@@ -7,6 +7,7 @@ import math
 import re
 from pathlib import Path
 
+from ekka_core.contracts.graph import GraphLocalisation
 from ekka_core.contracts.ranking import NON_FINITE_RATIO, Ranking
 from ekka_core.contracts.ranking import Suspect as RankedSuspect
 from ekka_core.contracts.report import (AgentSection, CheckRecord, HeatMap, Plots, ReferenceModules, Report, RunMeta,
@@ -26,19 +27,21 @@ def _ratio(r: float | None, digits: int = 3) -> float | None:
 
 def build_report(ranking: Ranking, *, spec: DiagnosisSpec, meta: RunMeta, serving: ServingSection | None = None,
                  agent: AgentSection | None = None, missing: list[str] | None = None,
-                 checks: list[CheckRecord] | None = None) -> Report:
-    """``serving``: the configurations the diagnosis ran (served symptom check, traced baseline, triage)."""
+                 checks: list[CheckRecord] | None = None, graph: GraphLocalisation | None = None) -> Report:
+    """``serving``: the configurations the diagnosis ran (served symptom check, traced baseline, triage);
+    ``graph``: the in-graph localisation of a compile-only difference (its per-piece ratios are plotted)."""
     return Report(
         verdict=ranking.verdict, suspects=[report_suspect(s) for s in ranking.suspects],
         threshold=ranking.threshold, dtype=ranking.dtype, spec=spec, meta=meta, checked=len(ranking.pairs),
         unchecked=list(ranking.unchecked), notes=list(ranking.notes), inputs_differ=list(ranking.inputs_differ),
         plots=plot_data(ranking), serving=serving, conventions=[report_suspect(s) for s in ranking.conventions],
-        missing=list(missing or []), checks=list(checks or []), agent=agent)
+        missing=list(missing or []), checks=list(checks or []), agent=agent, graph=graph)
 
 
 def report_suspect(s: RankedSuspect) -> Suspect:
     """One ranked suspect as report.json holds it. ``kind``: module | glue (the code between two children of
-    ``target.module``'s forward, ``target.lines`` of ``target.forward_file``) | convention | non-finite | rows."""
+    ``target.module``'s forward, ``target.lines`` of ``target.forward_file``) | convention | non-finite | rows |
+    compiled (``graph_nodes``, ``compiler_stages``)."""
     suspect = Suspect(
         rank=s.rank, kind=s.kind,
         target=TargetLocation(module=s.module, cls=s.cls, file=s.file, line=s.line, forward_file=s.forward_file,
@@ -49,7 +52,8 @@ def report_suspect(s: RankedSuspect) -> Suspect:
         error_ratio=None if math.isnan(s.error_ratio) else _ratio(s.error_ratio),
         input_ratio=_ratio(s.input_ratio), same_dtype=_ratio(s.same_dtype),
         onset_token=s.onset_token, onset_phase=s.onset_phase, evidence=s.evidence,
-        rows=list(s.rows), non_finite=s.non_finite)
+        rows=list(s.rows), non_finite=s.non_finite, graph_nodes=list(s.graph_nodes),
+        compiler_stages=list(s.compiler_stages))
     suspect.summary = summary(suspect)
     return suspect
 

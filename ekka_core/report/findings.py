@@ -45,8 +45,17 @@ def _rows(s: Suspect) -> str:
     return f"diverges at {len(s.rows)} row(s) ({where}); pooled error ratio {fmt_ratio(s.error_ratio)}"
 
 
+def _compiled(s: Suspect) -> str:
+    node = next((n for n in s.graph_nodes if n.file), None)
+    at = f" at {node.op} ({short_path(node.file)}:{node.line})" if node else ""
+    stage = s.compiler_stages[0] if s.compiler_stages else None
+    off = f"; agrees with the {stage.stage} {stage.name} off" if stage else "; no single compiler stage turns it off"
+    return f"compiled code departs from the same graph run eagerly{at}: error ratio {fmt_ratio(s.error_ratio)}{off}"
+
+
 RENDERERS: dict[SuspectKind, Callable[[Suspect], str]] = {
     "module": _module, "glue": _glue, "convention": _convention, "non-finite": _non_finite, "rows": _rows,
+    "compiled": _compiled,
 }
 
 
@@ -56,8 +65,12 @@ def summary(s: Suspect) -> str:
 
 
 def source_of(s: Suspect) -> str:
-    """Where to look: the class line, or for code between two children the forward's line range."""
+    """Where to look: the class line, for code between two children the forward's line range, for compiled code the
+    source line of its first departing graph node."""
     t = s.target
+    node = next((n for n in s.graph_nodes if n.file and n.line), None)
+    if s.kind == "compiled" and node is not None:
+        return f"{short_path(node.file)}:{node.line}"
     if s.kind == "glue" and t.lines:
         return f"{short_path(t.forward_file)}:{t.lines[0]}–{t.lines[1]}"
     return f"{short_path(t.file)}:{t.line}"

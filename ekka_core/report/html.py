@@ -9,6 +9,7 @@ import math
 from ekka_core.contracts.report import Report, headline
 from ekka_core.report.coverage import coverage_html, coverage_line
 from ekka_core.report.findings import source_of
+from ekka_core.report.graph_section import graph_html
 from ekka_core.report.serving_section import serving_html
 from ekka_core.sources import short_path
 
@@ -100,6 +101,7 @@ the reference's own low-precision distance from it: ≈ 1 is numerical noise, ab
 <p>Coverage: {html.escape(coverage_line(report))}.</p>
 {coverage_html(report)}
 {serving_html(report)}
+{graph_html(report)}
 <h2>Error ratio along the execution order</h2>{line_plot}
 <h2>Where and when</h2>{heat}
 {_bisect_html(report)}

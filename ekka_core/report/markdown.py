@@ -5,6 +5,7 @@ from __future__ import annotations
 from ekka_core.contracts.report import Report, headline
 from ekka_core.report.coverage import coverage_line, coverage_markdown
 from ekka_core.report.findings import source_of
+from ekka_core.report.graph_section import graph_markdown
 from ekka_core.report.serving_section import serving_markdown
 from ekka_core.sources import short_path
 
@@ -21,6 +22,7 @@ def render_markdown(report: Report) -> str:
                          f"{s.error_ratio} | {s.onset_token} | **{s.kind}**: {s.summary} — {s.evidence} |")
         lines.append("")
     lines += serving_markdown(report)
+    lines += graph_markdown(report)
     lines += ["", f"Coverage: {coverage_line(report)}."]
     agent = report.agent
     if agent and agent.status != "nothing-to-do":

@@ -2,7 +2,7 @@
 // chart library. Colours come from the VS Code theme through CSS classes (a nonce'd <style>); the heat map's
 // per-cell colours are SVG presentation attributes, which a strict CSP (no 'unsafe-inline') allows.
 import { formatLocation, formatRatio, suspectName } from "./format";
-import type { HeatMap, Plots, Report } from "./protocol";
+import type { GraphLocalisation, HeatMap, PieceResult, Plots, Report } from "./protocol";
 
 export interface Box {
   width: number;
@@ -14,6 +14,8 @@ export interface Box {
 }
 
 export const SERIES_BOX: Box = { width: 760, height: 300, left: 56, right: 16, top: 26, bottom: 44 };
+/** The compiled-graph bar plot: room below for the pieces' rotated module names. */
+export const GRAPH_BOX: Box = { width: 760, height: 320, left: 56, right: 16, top: 26, bottom: 96 };
 
 /** Smallest ratio drawn (log scale: ratios ≤ 0 cannot be placed). */
 export const MIN_RATIO = 1e-3;
@@ -73,6 +75,22 @@ function tickLabel(ratio: number): string {
   return `1e${Math.round(Math.log10(ratio))}`;
 }
 
+/** The decade grid with its tick labels, the two axes and the rotated y-axis label of a log-scale plot. */
+function logAxes(scale: LogScale, x0: number, x1: number, top: number, yBottom: number, label: string): string[] {
+  const parts: string[] = [];
+  for (const t of scale.ticks) {
+    parts.push(`<line class="grid" x1="${num(x0)}" x2="${num(x1)}" y1="${num(t.y)}" y2="${num(t.y)}"/>`);
+    parts.push(`<text class="tick" x="${num(x0 - 6)}" y="${num(t.y + 4)}" text-anchor="end">${tickLabel(t.ratio)}</text>`);
+  }
+  parts.push(`<line class="axis" x1="${num(x0)}" x2="${num(x0)}" y1="${num(top)}" y2="${num(yBottom)}"/>`);
+  parts.push(`<line class="axis" x1="${num(x0)}" x2="${num(x1)}" y1="${num(yBottom)}" y2="${num(yBottom)}"/>`);
+  parts.push(
+    `<text class="axis-label" x="14" y="${num((top + yBottom) / 2)}" text-anchor="middle" ` +
+      `transform="rotate(-90 14 ${num((top + yBottom) / 2)})">${label}</text>`,
+  );
+  return parts;
+}
+
 /**
  * Error ratio along the execution order (log scale), the threshold as a dashed line, the change point as a
  * vertical line. `highlight` rings the named component (a code lens's module).
@@ -90,17 +108,7 @@ export function seriesSvg(plots: Plots, highlight?: string, box: Box = SERIES_BO
     `<svg xmlns="http://www.w3.org/2000/svg" class="plot series" id="series-plot" data-width="${width}" ` +
       `viewBox="0 0 ${width} ${height}" role="img" aria-label="Error ratio along the execution order, log scale">`,
   );
-  // axes and decade grid
-  for (const t of scale.ticks) {
-    parts.push(`<line class="grid" x1="${num(x0)}" x2="${num(x1)}" y1="${num(t.y)}" y2="${num(t.y)}"/>`);
-    parts.push(`<text class="tick" x="${num(x0 - 6)}" y="${num(t.y + 4)}" text-anchor="end">${tickLabel(t.ratio)}</text>`);
-  }
-  parts.push(`<line class="axis" x1="${num(x0)}" x2="${num(x0)}" y1="${num(top)}" y2="${num(yBottom)}"/>`);
-  parts.push(`<line class="axis" x1="${num(x0)}" x2="${num(x1)}" y1="${num(yBottom)}" y2="${num(yBottom)}"/>`);
-  parts.push(
-    `<text class="axis-label" x="14" y="${num((top + yBottom) / 2)}" text-anchor="middle" ` +
-      `transform="rotate(-90 14 ${num((top + yBottom) / 2)})">error ratio (log)</text>`,
-  );
+  parts.push(...logAxes(scale, x0, x1, top, yBottom, "error ratio (log)"));
   parts.push(
     `<text class="axis-label" x="${num((x0 + x1) / 2)}" y="${num(height - 8)}" text-anchor="middle">` +
       `compared components in execution order (${n})</text>`,
@@ -241,6 +249,169 @@ export function heatmapSvg(h: HeatMap, threshold: number): string {
   return parts.join("");
 }
 
+/** The pieces the graph plot draws, in order: the graph's pieces along the graph, then the suspect layer's children
+ * (the second level of the split), as ekka_core/report/graph_section.py plots them. */
+export function graphPieces(g: GraphLocalisation): PieceResult[] {
+  return [...(g.pieces ?? []), ...(g.inner_pieces ?? [])];
+}
+
+/** A piece's state in words: departs, agrees, or why it has no ratio of its own. */
+export function pieceState(p: PieceResult): string {
+  if (p.departs) return "departs";
+  if (p.error_ratio === null || p.error_ratio === undefined) {
+    return p.covered_by_children ? "compared child by child" : "not compared";
+  }
+  return "agrees";
+}
+
+/** Height of the stub a piece without a ratio gets, and the least height of a compared bar. */
+export const STUB_HEIGHT = 6;
+const MIN_BAR = 2;
+
+/** A piece's axis label: its module path's last two parts, three when the middle one is a layer number
+ * ("layers.1.mlp", "layers.0", "model.norm"). */
+export function pieceLabel(module: string): string {
+  const parts = module.split(".");
+  const k = parts.length >= 3 && /^\d+$/.test(parts[parts.length - 2]) ? 3 : 2;
+  return parts.slice(-k).join(".");
+}
+
+/**
+ * The compiled-vs-eager error ratio of each piece of the engine's compiled graph, one bar per piece in graph order
+ * (pieces, then inner pieces) on a log scale, the threshold as a dashed line. A departing piece is red; a piece
+ * without a ratio (not compared, or compared child by child) is a grey stub with its state written on it, never
+ * a bar of zero height that would read as agreement.
+ */
+export function graphSvg(g: GraphLocalisation, box: Box = GRAPH_BOX): string {
+  const { width, height, left, right, top, bottom } = box;
+  const x0 = left;
+  const x1 = width - right;
+  const yBottom = height - bottom;
+  const pieces = graphPieces(g);
+  const n = pieces.length;
+  const step = (x1 - x0) / Math.max(n, 1);
+  const bw = step * 0.7;
+  const scale = logScale(pieces.map((p) => p.error_ratio ?? null), g.threshold, top, yBottom);
+  const parts: string[] = [];
+  parts.push(
+    `<svg xmlns="http://www.w3.org/2000/svg" class="plot graph" id="graph-plot" data-width="${width}" ` +
+      `viewBox="0 0 ${width} ${height}" role="img" aria-label="Compiled vs eager error ratio per piece of the graph, log scale">`,
+  );
+  parts.push(...logAxes(scale, x0, x1, top, yBottom, "compiled vs eager (log)"));
+  parts.push(
+    `<text class="axis-label" x="${num((x0 + x1) / 2)}" y="${num(height - 6)}" text-anchor="middle">` +
+      `pieces of the compiled graph in graph order (${n})</text>`,
+  );
+  // where the suspect layer's own children start
+  const outer = (g.pieces ?? []).length;
+  if (outer > 0 && outer < n) {
+    const dx = x0 + outer * step;
+    parts.push(
+      `<line class="inner-divider" id="inner-divider" data-index="${outer}" x1="${num(dx)}" x2="${num(dx)}" ` +
+        `y1="${num(top)}" y2="${num(yBottom)}"/>`,
+    );
+    const inside = g.suspect?.module ? `inside ${g.suspect.module}` : "inner pieces";
+    parts.push(`<text class="inner-label" x="${num(dx + 4)}" y="${num(top - 8)}">${escapeXml(inside)} →</text>`);
+  }
+  pieces.forEach((p, i) => {
+    const x = x0 + i * step + (step - bw) / 2;
+    const cx = x0 + (i + 0.5) * step;
+    const r = p.error_ratio;
+    const state = pieceState(p);
+    const why = p.not_compared && !p.covered_by_children ? ` (${p.not_compared})` : "";
+    const worst = usable(p.worst_row_ratio)
+      ? `; worst row${typeof p.worst_row === "number" ? ` ${p.worst_row}` : ""} ${formatRatio(p.worst_row_ratio)}×`
+      : "";
+    const tip = `${p.index}. ${p.module} (${p.module_class ?? ""}), ${p.nodes} node${p.nodes === 1 ? "" : "s"}: ` +
+      `compiled vs eager ${formatRatio(r)}×${worst} — ${state}${why}`;
+    const title = `<title>${escapeXml(tip)}</title>`;
+    const data = `data-index="${p.index}" data-module="${escapeXml(p.module)}" data-state="${escapeXml(state)}"`;
+    if (r === null || r === undefined) {
+      const sy = yBottom - STUB_HEIGHT;
+      parts.push(
+        `<rect class="bar stub" ${data} x="${num(x)}" y="${num(sy)}" width="${num(bw)}" height="${STUB_HEIGHT}">${title}</rect>`,
+      );
+      parts.push(
+        `<text class="stub-label" x="${num(cx + 3)}" y="${num(sy - 4)}" text-anchor="start" ` +
+          `transform="rotate(-90 ${num(cx + 3)} ${num(sy - 4)})">${escapeXml(state)}</text>`,
+      );
+    } else {
+      const y = usable(r) ? Math.min(scale.y(r), yBottom - MIN_BAR) : yBottom - MIN_BAR;
+      parts.push(
+        `<rect class="bar${p.departs ? " departs" : ""}" ${data} data-ratio="${r}" x="${num(x)}" y="${num(y)}" ` +
+          `width="${num(bw)}" height="${num(yBottom - y)}">${title}</rect>`,
+      );
+    }
+    if (n <= 40) {
+      const ly = yBottom + 12;
+      parts.push(
+        `<text class="tick piece-label" x="${num(cx)}" y="${num(ly)}" text-anchor="end" ` +
+          `transform="rotate(-35 ${num(cx)} ${num(ly)})">${escapeXml(pieceLabel(p.module))}</text>`,
+      );
+    }
+  });
+  if (usable(g.threshold)) {
+    const ty = scale.y(g.threshold);
+    parts.push(
+      `<line class="threshold" id="graph-threshold-line" data-ratio="${g.threshold}" x1="${num(x0)}" x2="${num(x1)}" ` +
+        `y1="${num(ty)}" y2="${num(ty)}"/>`,
+    );
+    parts.push(
+      `<text class="threshold-label halo" x="${num(x0 + 4)}" y="${num(ty - 5)}" text-anchor="start">` +
+        `threshold ${formatRatio(g.threshold)}× (clean compiled noise)</text>`,
+    );
+  }
+  parts.push("</svg>");
+  return parts.join("");
+}
+
+/** The page's "Inside the compiled graph" section of a report with a `graph` localisation: the bar plot, the
+ * suspect piece's graph nodes and the compiler stages; an unreplayable graph says why; no section without one. */
+export function graphSection(report: Report): string {
+  const g = report.graph;
+  if (g === null || g === undefined || typeof g !== "object") return "";
+  const out: string[] = [`<h2 id="graph-heading">Inside the compiled graph</h2>`];
+  if (!g.replayable) {
+    out.push(`<p id="graph-reason">The compiled graph could not be localised: ${escapeXml(g.reason ?? "no reason given")}</p>`);
+    return `<section id="graph">${out.join("")}</section>`;
+  }
+  const pieces = graphPieces(g);
+  if (!pieces.length) {
+    out.push(`<p id="graph-no-pieces">The compiled graph was replayed but has no pieces to plot.</p>`);
+    return `<section id="graph">${out.join("")}</section>`;
+  }
+  const rows = usable(g.row_threshold) ? `, per token row ${formatRatio(g.row_threshold)}×` : "";
+  out.push(
+    `<div class="sub">Compiled vs eager on the engine's own graph and first-step inputs (threshold ` +
+      `${formatRatio(g.threshold)}×${rows}${g.dtype ? `; ${escapeXml(g.dtype)}` : ""}).</div>`,
+  );
+  out.push(graphSvg(g));
+  const nodes = g.suspect_nodes ?? [];
+  if (nodes.length) {
+    const of = g.suspect?.module ? ` of <code>${escapeXml(g.suspect.module)}</code>` : "";
+    const words = g.node_words ? ` (${escapeXml(g.node_words)})` : "";
+    out.push(`<p>Graph nodes${of}${words}:</p><ul id="graph-nodes">`);
+    for (const nd of nodes) {
+      const at = nd.file ? ` at <code>${escapeXml(formatLocation(nd.file, nd.line, true))}</code>` : "";
+      out.push(
+        `<li><code>${escapeXml(nd.node)}</code> (${escapeXml(nd.op)})${at}` +
+          `${nd.code ? ` <code>${escapeXml(nd.code)}</code>` : ""}</li>`,
+      );
+    }
+    out.push(`</ul>`);
+  }
+  const passes = g.passes ?? [];
+  if (passes.length) {
+    out.push(`<p>Compiler stages whose removal brings it back within noise:</p><ul id="graph-stages">`);
+    for (const f of passes) out.push(`<li>${escapeXml(f.stage)} <code>${escapeXml(f.name)}</code>: ${escapeXml(f.words)}</li>`);
+    out.push(`</ul>`);
+  } else if (g.suspect && (g.tried_toggles ?? []).length) {
+    out.push(`<p id="graph-no-stage">No single compiler stage tried turns it off: ${escapeXml((g.tried_toggles ?? []).join("; "))}</p>`);
+  }
+  for (const note of g.notes ?? []) out.push(`<p class="note">${escapeXml(note)}</p>`);
+  return `<section id="graph">${out.join("")}</section>`;
+}
+
 function legend(threshold: number, max: number): string {
   const stops = [1, threshold, Math.sqrt(threshold * Math.max(max, threshold)), Math.max(max, threshold)];
   const items = stops.map(
@@ -282,6 +453,7 @@ h1 { font-size: 1.3em; margin: 14px 0 4px; } h2 { font-size: 1.05em; margin: 22p
 svg.plot { display: block; width: 100%; height: auto; }
 svg.series { max-width: ${SERIES_BOX.width}px; }
 svg.heatmap { max-width: ${SERIES_BOX.width}px; }
+svg.graph { max-width: ${GRAPH_BOX.width}px; }
 .plot text, .legend text { fill: var(--vscode-foreground); font-size: 11px; font-family: var(--vscode-font-family); }
 .grid { stroke: var(--vscode-editorWidget-border, #8884); stroke-width: .5; }
 .axis { stroke: var(--vscode-foreground); stroke-width: 1; opacity: .7; }
@@ -293,6 +465,12 @@ svg.heatmap { max-width: ${SERIES_BOX.width}px; }
 .input-line { fill: none; stroke: var(--vscode-charts-foreground, #888); stroke-width: 1; opacity: .45; stroke-dasharray: 2 3; }
 .point { fill: var(--vscode-charts-blue, #38f); } .point.above { fill: var(--vscode-errorForeground, #e44); }
 .highlight { fill: none; stroke: var(--vscode-charts-yellow, #fc0); stroke-width: 2.5; }
+.bar { fill: var(--vscode-charts-green, #2c7); } .bar.departs { fill: var(--vscode-errorForeground, #e44); }
+.bar.stub { fill: var(--vscode-disabledForeground, #999); opacity: .7; }
+.stub-label { fill: var(--vscode-disabledForeground, #999) !important; font-size: 9px !important; }
+.halo { paint-order: stroke; stroke: var(--vscode-editor-background, #fff); stroke-width: 3px; stroke-linejoin: round; }
+.inner-divider { stroke: var(--vscode-foreground); stroke-width: 1; stroke-dasharray: 3 3; opacity: .5; }
+.note { opacity: .8; font-size: .9em; }
 .cell { stroke: var(--vscode-editor-background, #000); stroke-width: .5; }
 table { border-collapse: collapse; margin-top: 6px; width: 100%; } th, td { text-align: left; padding: 3px 10px 3px 0; overflow-wrap: anywhere; }
 tr.suspect { cursor: pointer; } tr.suspect:hover { background: var(--vscode-list-hoverBackground); }
@@ -329,6 +507,7 @@ export function divergenceHtml(report: Report, o: PageOptions): string {
     body.push(heatmapSvg(plots.heatmap, threshold));
     body.push(`<div>${legend(threshold, vals.length ? Math.max(...vals) : threshold)}</div>`);
   }
+  body.push(graphSection(report));
   if (top.length) {
     body.push(`<h2>Suspects</h2><table id="suspects"><tr><th>#</th><th>module</th><th>class</th><th>source</th><th>error ratio</th><th>onset token</th></tr>`);
     for (const s of top) {

@@ -21,6 +21,7 @@ export interface Report {
   checks?: CheckRecord[];
   agent?: AgentSection | null;
   bisect?: BisectSection | null;
+  graph?: GraphLocalisation | null;
 }
 
 /** What the mapping agent did (``AgentOutcome.to_report``). */
@@ -172,6 +173,24 @@ export interface FactorDifference {
   baseline: unknown;
 }
 
+/** The outcome: ``departs`` is False with ``pieces`` all within noise (the compiled graph agrees with itself run */
+export interface GraphLocalisation {
+  replayable: boolean;
+  threshold: number;
+  row_threshold: number;
+  dtype: string;
+  pieces?: PieceResult[];
+  inner_pieces?: PieceResult[];
+  suspect?: PieceResult | null;
+  suspect_nodes?: NodeSource[];
+  node_words?: string;
+  passes?: PassFinding[];
+  tried_toggles?: string[];
+  reason?: string;
+  notes?: string[];
+  root?: string;
+}
+
 export interface HeatMap {
   layers?: string[];
   positions?: number[];
@@ -194,6 +213,38 @@ export interface InputsDiffer {
   target_tokens?: string[];
   reference_tokens?: string[];
   window_start?: number;
+}
+
+/** One FX node of the graph and the source line it was traced from (its ``stack_trace``'s innermost frame). */
+export interface NodeSource {
+  node: string;
+  op: string;
+  file: string | null;
+  line: number | null;
+  code: string | null;
+  module?: string | null;
+}
+
+/** A compiler stage whose removal brings the suspect piece back within noise. */
+export interface PassFinding {
+  stage: string;
+  name: string;
+  ratio_without: number;
+  words: string;
+}
+
+/** One piece of the graph: the nodes traced from one module call, compiled alone and run on the inputs the eager */
+export interface PieceResult {
+  index: number;
+  module: string;
+  module_class: string | null;
+  nodes: number;
+  error_ratio: number | null;
+  worst_row?: number | null;
+  worst_row_ratio?: number | null;
+  departs?: boolean;
+  not_compared?: string | null;
+  covered_by_children?: boolean;
 }
 
 export interface Plots {
@@ -272,7 +323,7 @@ export interface ServingSection {
 export interface Suspect {
   rank: number;
   target: TargetLocation;
-  kind?: "module" | "glue" | "convention" | "non-finite" | "rows";
+  kind?: "module" | "glue" | "convention" | "non-finite" | "rows" | "compiled";
   reference: ReferenceModules;
   error_ratio: number | null;
   input_ratio?: number | null;
@@ -283,6 +334,8 @@ export interface Suspect {
   summary?: string;
   rows?: RowFinding[];
   non_finite?: number;
+  graph_nodes?: NodeSource[];
+  compiler_stages?: PassFinding[];
 }
 
 export interface SymptomCheck {

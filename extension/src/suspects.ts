@@ -2,7 +2,9 @@
 // import (src/tree.ts turns these nodes into TreeItems), so the unit tests check it directly.
 import { COVERAGE_NOT_SENT, COVERAGE_NOT_SENT_WHY, type CoverageKey, type ShownSection, coverage, coverageLine } from "./coverage";
 import { baseName, formatLocation, formatRatio, formatSuspectDetail, suspectName } from "./format";
-import type { CheckRecord, Report, ReportUpdated, Serving, Suspect, SymptomCheck, Trial } from "./protocol";
+import type {
+  CheckRecord, GraphLocalisation, Report, ReportUpdated, Serving, Suspect, SymptomCheck, Trial,
+} from "./protocol";
 
 /** A source location; `line` is 1-based as in report.json (the editor's line is `line - 1`). */
 export interface SourceLocation {
@@ -27,6 +29,8 @@ export type NodeKind =
   | "servingChange"
   | "verdict"
   | "row"
+  | "graphNode"
+  | "compilerStage"
   | "coverage"
   | "coverageItem";
 
@@ -138,6 +142,51 @@ function rowNodes(jobId: string, s: Suspect): SuspectNode[] {
   });
 }
 
+/** A "compiled" finding's children: one per graph node whose compiled code departs (a click opens the engine line it
+ * was traced from), then the compiler stage whose removal brings it back within noise (the first of
+ * `compiler_stages`), or a row saying no single stage tried turns it off (the stages tried from `graph`). */
+function compiledNodes(jobId: string, s: Suspect, graph?: GraphLocalisation | null): SuspectNode[] {
+  if (s.kind !== "compiled") return [];
+  const base = `${jobId}/${s.rank}`;
+  const kids = (s.graph_nodes ?? []).map((n, i): SuspectNode => {
+    const at = location(n.file, n.line);
+    const where = at !== undefined ? formatLocation(at.file, at.line) : "source unknown";
+    const full = at !== undefined ? formatLocation(at.file, at.line, true) : "source unknown";
+    const label = `graph node ${n.node}`;
+    const tooltip = [
+      `${n.node} (${n.op}) — ${full}`,
+      n.code ? n.code : "",
+      n.module ? `traced from module ${n.module}` : "",
+      "Its compiled code departs from the same graph run eagerly.",
+    ];
+    return {
+      kind: "graphNode", id: `${base}/graph/${i}`, label, description: `${n.op} · ${where}`,
+      tooltip: tooltip.filter(Boolean).join("\n"), location: at, icon: "symbol-operator",
+      ariaLabel: `${label}: ${n.op} at ${where}`, jobId, suspect: s, children: [],
+    };
+  });
+  const stage = s.compiler_stages?.[0];
+  if (stage !== undefined) {
+    const description = `${stage.stage} ${stage.name}`;
+    const others = (s.compiler_stages ?? []).slice(1).map((f) => `also: ${f.stage} ${f.name} — ${f.words}`);
+    kids.push({
+      kind: "compilerStage", id: `${base}/stage`, label: "compiler stage", description,
+      tooltip: [stage.words, `error ratio without it ${formatRatio(stage.ratio_without)}×`, ...others].join("\n"),
+      icon: "tools", ariaLabel: `compiler stage ${description}: ${stage.words}`, jobId, suspect: s, children: [],
+    });
+  } else {
+    const tried = graph?.tried_toggles ?? [];
+    const label = "no single compiler stage turns it off";
+    kids.push({
+      kind: "compilerStage", id: `${base}/stage`, label,
+      tooltip: tried.length ? `Tried:\n${tried.map((t) => `• ${t}`).join("\n")}` : "No compiler stage was found whose removal " +
+        "brings it back within noise.",
+      icon: "circle-slash", ariaLabel: label, jobId, suspect: s, children: [],
+    });
+  }
+  return kids;
+}
+
 /** One node per suspect, best rank first; none for a consistent run. */
 export function suspectNodes(update: Pick<ReportUpdated, "jobId" | "report">): SuspectNode[] {
   const { jobId, report } = update;
@@ -160,7 +209,7 @@ export function suspectNodes(update: Pick<ReportUpdated, "jobId" | "report">): S
       ariaLabel: `${label} · ${description}`,
       jobId,
       suspect: s,
-      children: [...suspectChildren(jobId, s), ...rowNodes(jobId, s)],
+      children: [...suspectChildren(jobId, s), ...rowNodes(jobId, s), ...compiledNodes(jobId, s, report.graph)],
     };
   });
 }

@@ -5,10 +5,13 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { describe, test } from "node:test";
 import {
+  GRAPH_BOX,
   SERIES_BOX,
+  STUB_HEIGHT,
   contentSecurityPolicy,
   divergenceHtml,
   escapeXml,
+  graphSvg,
   heatColor,
   heatLayout,
   heatmapSvg,
@@ -18,6 +21,7 @@ import {
   seriesX,
 } from "../src/plot";
 import type { Plots, ReportUpdated } from "../src/protocol";
+import { compiledGraph, compiledReport } from "./fixtures/compiled-report";
 
 const fixture: ReportUpdated = JSON.parse(
   fs.readFileSync(path.join(__dirname, "..", "test", "fixtures", "demo-report-updated.json"), "utf8"),
@@ -251,5 +255,105 @@ describe("webview page", () => {
     const page = divergenceHtml({ schema: "ekka.report/1", verdict: "consistent", suspects: [] }, { cspSource: "c", nonce: "n", jobId: "j" });
     assert.match(page, /Consistent with the reference/);
     assert.match(page, /no comparison to plot/);
+  });
+});
+
+describe("inside the compiled graph (report.graph: compiled vs eager per piece)", () => {
+  const g = compiledGraph();
+  const svg = graphSvg(g);
+  const bars = allOf(svg, /<rect class="bar[^"]*"[^>]*>/);
+  const gTop = GRAPH_BOX.top;
+  const gBottom = GRAPH_BOX.height - GRAPH_BOX.bottom;
+  const scale = logScale([...g.pieces!, ...g.inner_pieces!].map((p) => p.error_ratio), g.threshold, gTop, gBottom);
+  const page = (report = compiledReport()) => divergenceHtml(report, { cspSource: "c", nonce: "n0nce", jobId: "j" });
+
+  test("one bar per piece along the graph: the pieces, then the inner pieces, in order", () => {
+    assert.equal(bars.length, g.pieces!.length + g.inner_pieces!.length);
+    assert.equal(bars.length, 6);
+    assert.deepEqual(bars.map((b) => Number(b["data-index"])), [0, 1, 2, 3, 4, 5]);
+    assert.deepEqual(bars.map((b) => b["data-module"]), [...g.pieces!, ...g.inner_pieces!].map((p) => p.module));
+    const xs = bars.map((b) => Number(b.x));
+    for (let i = 1; i < xs.length; i++) assert.ok(xs[i] > xs[i - 1], `left to right ${xs}`);
+    const divider = attrsOf(svg, /<line class="inner-divider"[^>]*>/);
+    assert.equal(Number(divider["data-index"]), g.pieces!.length);
+    assert.ok(Number(divider.x1) > xs[3] && Number(divider.x1) < xs[4], "the divider sits between piece 3 and inner piece 4");
+    assert.match(svg, /inside model\.layers\.1\.mlp →/);
+    const names = [...svg.matchAll(/<text class="tick piece-label"[^>]*>([^<]*)<\/text>/g)].map((m) => m[1]);
+    assert.deepEqual(names, ["model.embed_tokens", "layers.0", "layers.1", "model.norm", "layers.1.self_attn", "layers.1.mlp"]);
+  });
+
+  test("the departing pieces are red, the agreeing ones are not", () => {
+    const departs = bars.filter((b) => b.class === "bar departs").map((b) => Number(b["data-index"]));
+    assert.deepEqual(departs, [2, 5]);
+    assert.deepEqual(bars.filter((b) => b.class === "bar").map((b) => Number(b["data-index"])), [0, 1, 4]);
+    // the colour: the theme's error colour (red), as the points above the threshold in the series plot
+    assert.match(page(), /\.bar\.departs \{ fill: var\(--vscode-errorForeground, #e44\); \}/);
+  });
+
+  test("bar heights are log-scaled ratios from the axis; the threshold is a horizontal line at y(threshold)", () => {
+    const bar = (i: number) => bars.find((b) => Number(b["data-index"]) === i)!;
+    assert.ok(Math.abs(Number(bar(5).y) - scale.y(41.2)) < 0.01, `y ${bar(5).y} ≈ ${scale.y(41.2)}`);
+    assert.ok(Math.abs(Number(bar(5).y) + Number(bar(5).height) - gBottom) < 0.01, "the bar stands on the axis");
+    assert.ok(Math.abs(Number(bar(1).y) - scale.y(1.2)) < 0.01);
+    assert.ok(Number(bar(5).height) > Number(bar(2).height), "41.2× is taller than 38.5×");
+    const th = attrsOf(svg, /<line class="threshold"[^>]*>/);
+    assert.equal(th.y1, th.y2);
+    assert.ok(Math.abs(Number(th.y1) - scale.y(3.2)) < 0.01);
+    assert.match(svg, /threshold 3\.2× \(clean compiled noise\)<\/text>/);
+    const labels = [...svg.matchAll(/<text class="tick" x[^>]*>([^<]*)<\/text>/g)].map((m) => m[1]);
+    assert.deepEqual(labels, ["1", "10", "100"], "decades covering 1 … 41.2");
+  });
+
+  test("a piece that was not compared is a grey stub labelled so, never a bar of zero", () => {
+    const stubs = bars.filter((b) => b.class === "bar stub");
+    assert.deepEqual(stubs.map((b) => Number(b["data-index"])), [3]);
+    assert.equal(Number(stubs[0].height), STUB_HEIGHT);
+    assert.equal(Number(stubs[0].y), gBottom - STUB_HEIGHT);
+    assert.equal(stubs[0]["data-state"], "not compared");
+    assert.equal(stubs[0]["data-ratio"], undefined, "no ratio is made up for it");
+    assert.match(svg, /<text class="stub-label"[^>]*>not compared<\/text>/);
+    assert.ok(bars.every((b) => Number(b.height) > 0), "no zero-height bar");
+    assert.match(page(), /\.bar\.stub \{ fill: var\(--vscode-disabledForeground, #999\)/);
+    // compared child by child: a stub too, worded so
+    const covered = compiledGraph();
+    covered.pieces![3] = { ...covered.pieces![3], not_compared: "split", covered_by_children: true };
+    assert.match(graphSvg(covered), /<rect class="bar stub" data-index="3"[^>]*data-state="compared child by child"/);
+  });
+
+  test("each bar's tooltip names the module, its class, the ratio and the state (text escaped)", () => {
+    assert.match(svg, /<title>5\. model\.layers\.1\.mlp \(LlamaMLP\), 9 nodes: compiled vs eager 41\.2×; worst row 5 80\.3× — departs<\/title>/);
+    assert.match(svg, /<title>1\. model\.layers\.0 \(LlamaDecoderLayer\), 41 nodes: compiled vs eager 1\.2×; worst row 3 1\.9× — agrees<\/title>/);
+    assert.match(svg, /<title>3\. model\.norm \(RMSNorm\), 6 nodes: compiled vs eager n\/a× — not compared \(its output is a routing tie &lt;argmax&gt;\)<\/title>/);
+    assert.doesNotMatch(svg, /<argmax>/);
+  });
+
+  test("the page has the section after the plots, with the suspect's nodes and the compiler stage", () => {
+    const html = page();
+    assert.match(html, /<h2 id="graph-heading">Inside the compiled graph<\/h2>/);
+    assert.equal(allOf(html, /<svg [^>]*id="graph-plot"[^>]*>/).length, 1);
+    assert.match(html, /threshold 3\.2×, per token row 6\.5×; bfloat16/);
+    assert.match(html, /<li><code>silu<\/code> \(aten\.silu\) at <code>vllm\/model_executor\/layers\/activation\.py:84<\/code> <code>return F\.silu/);
+    assert.match(html, /<ul id="graph-stages"><li>decomposition <code>aten\.silu\.default<\/code>: without Inductor/);
+    assert.ok(html.indexOf('id="graph-heading"') < html.indexOf('id="suspects"'), "before the suspects table");
+    // the CSP still holds: one nonce'd script, no inline styles
+    assert.equal([...html.matchAll(/<script/g)].length, 1);
+    assert.doesNotMatch(html, / style="/);
+  });
+
+  test("an unreplayable graph says why instead of plotting", () => {
+    const r = compiledReport();
+    r.graph = { ...compiledGraph(), replayable: false, pieces: [], inner_pieces: [], reason: "no FX graph was captured <dynamo off>" };
+    const html = page(r);
+    assert.match(html, /Inside the compiled graph/);
+    assert.match(html, /<p id="graph-reason">The compiled graph could not be localised: no FX graph was captured &lt;dynamo off&gt;<\/p>/);
+    assert.doesNotMatch(html, /id="graph-plot"|class="bar/);
+  });
+
+  test("a report without a graph localisation has no such section", () => {
+    for (const report of [fixture.report, { ...compiledReport(), graph: null }]) {
+      const html = page(report);
+      assert.doesNotMatch(html, /Inside the compiled graph|id="graph-plot"|class="bar/);
+    }
+    assert.match(page(), /Inside the compiled graph/, "and the same report with one has it");
   });
 });

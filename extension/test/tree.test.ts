@@ -7,6 +7,7 @@ import { beforeEach, describe, test } from "node:test";
 import { installModuleMocks } from "./mocks/install";
 import { TreeItemCollapsibleState, mock, resetVscodeMock, vscodeModule } from "./mocks/vscode";
 import type { ReportUpdated } from "../src/protocol";
+import { ACTIVATION, LLAMA, compiledUpdate } from "./fixtures/compiled-report";
 
 installModuleMocks({ vscode: vscodeModule });
 const suspects: typeof import("../src/suspects") = require("../src/suspects");
@@ -98,6 +99,76 @@ describe("suspect nodes", () => {
     assert.equal(suspects.findSuspect(fixture.report, "model.layers.3.self_attn")?.rank, 2);
     assert.equal(suspects.findSuspect(fixture.report, undefined, 1)?.target.class, "Attention");
     assert.equal(suspects.findSuspect(fixture.report, "nope"), undefined);
+  });
+});
+
+describe("a compiled finding (compiled code departs from the same graph run eagerly)", () => {
+  const [node] = suspects.suspectNodes(compiledUpdate());
+  const graphKids = () => node.children.filter((c) => c.kind === "graphNode");
+  const stageKid = () => node.children.find((c) => c.kind === "compilerStage")!;
+
+  test("children: the source rows, then one per graph node, then the compiler stage", () => {
+    assert.deepEqual(
+      node.children.map((c) => [c.kind, c.label, c.description]),
+      [
+        ["class", "class LlamaMLP", "llama.py:70"],
+        ["callSite", "called from", "llama.py:260"],
+        ["module", "module", "model.layers.1.mlp"],
+        ["reference", "reference", "model.layers.1.mlp"],
+        ["evidence", "evidence", "error ratio 41.2×"],
+        ["graphNode", "graph node silu", "aten.silu · activation.py:84"],
+        ["graphNode", "graph node mul_3", "aten.mul · source unknown"],
+        ["compilerStage", "compiler stage", "decomposition aten.silu.default"],
+      ],
+    );
+    assert.deepEqual(node.location, { file: LLAMA, line: 70 }, "the suspect itself still opens its class");
+    assert.match(node.description!, /^compiled: compiled code departs from the same graph run eagerly at aten\.silu/);
+  });
+
+  test("a graph node opens the engine line it was traced from; its tooltip shows that line's code", () => {
+    const [silu, mul] = graphKids();
+    assert.deepEqual(silu.location, { file: ACTIVATION, line: 84 });
+    const item = tree.toTreeItem(silu);
+    assert.deepEqual(item.command, { command: "ekka.openLocation", title: "Open source", arguments: [{ file: ACTIVATION, line: 84 }] });
+    assert.equal(item.contextValue, "graphNode");
+    assert.equal((item.iconPath as { id?: string } | undefined)?.id, "symbol-operator");
+    assert.match(silu.tooltip!, /return F\.silu\(x\[\.\.\., :d\]\) \* x\[\.\.\., d:\]/);
+    assert.match(silu.tooltip!, /vllm\/model_executor\/layers\/activation\.py:84/);
+    assert.match(silu.tooltip!, /model\.layers\.1\.mlp\.act_fn/);
+    // a node whose stack trace named no file: shown, but nothing to open
+    assert.equal(mul.location, undefined);
+    assert.equal(tree.toTreeItem(mul).command, undefined);
+  });
+
+  test("the compiler stage named is the first of compiler_stages, its words as the tooltip", () => {
+    const u = compiledUpdate();
+    u.report.suspects[0].compiler_stages = [
+      { stage: "post-grad pass", name: "fuse_act_mul", ratio_without: 1.3, words: "fuse_act_mul off: agrees" },
+      { stage: "decomposition", name: "aten.silu.default", ratio_without: 1.1, words: "silu decomposition off: agrees" },
+    ];
+    const stage = suspects.suspectNodes(u)[0].children.find((c) => c.kind === "compilerStage")!;
+    assert.equal(stage.description, "post-grad pass fuse_act_mul");
+    assert.match(stage.tooltip!, /^fuse_act_mul off: agrees/);
+    assert.match(stageKid().tooltip!, /^without Inductor's decomposition of aten\.silu\.default/);
+    assert.equal(stageKid().location, undefined);
+  });
+
+  test("no compiler stage found: one child says no single stage turns it off, listing those tried", () => {
+    const u = compiledUpdate();
+    u.report.suspects[0].compiler_stages = [];
+    const kids = suspects.suspectNodes(u)[0].children.filter((c) => c.kind === "compilerStage");
+    assert.deepEqual(kids.map((c) => [c.label, c.description]), [["no single compiler stage turns it off", undefined]]);
+    assert.match(kids[0].tooltip!, /decomposition aten\.silu\.default\n.*post-grad pass fuse_act_mul/);
+  });
+
+  test("ids are unique; other kinds of finding get no graph rows", () => {
+    const ids = node.children.map((c) => c.id);
+    assert.equal(new Set(ids).size, ids.length);
+    const u = compiledUpdate();
+    u.report.suspects[0].kind = "module";
+    const kinds = suspects.suspectNodes(u)[0].children.map((c) => c.kind);
+    assert.ok(!kinds.includes("graphNode") && !kinds.includes("compilerStage"), kinds.join(","));
+    assert.ok(suspects.suspectNodes(fixture).every((n) => n.children.every((c) => c.kind !== "graphNode")));
   });
 });
 
