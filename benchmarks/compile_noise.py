@@ -7,7 +7,13 @@ decoder layer compiled by Inductor with stock settings and scored against eager 
 the truth). The noise model is the largest clean ratio of a piece and of a piece's worst row. ``--write`` stores it
 where the stage reads it.
 
+``--engine``: the check of that model on the real engine — for each architecture, a clean vLLM-CPU engine in its
+served (compiled) configuration localises its own compiled graph (``capture.localise_compiled``, as a diagnosis
+does): no piece may depart, and the outcome should be conclusive (every piece compared, as a whole or child by
+child); the largest ratio and what was not compared are printed.
+
     .venv/bin/python benchmarks/compile_noise.py [--arch llama ...] [--tokens 32] [--write]
+    .venv/bin/python benchmarks/compile_noise.py --engine [--arch llama ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import argparse
 import json
 import time
 from datetime import date
+from pathlib import Path
 
 import torch
 
@@ -53,12 +60,46 @@ def clean_ratios(arch: str, tokens: int) -> list[tuple[str, float, float]]:
     return found
 
 
-def main() -> None:
+def engine_sweep(archs: list[str], out: Path) -> int:
+    """Clean engines of each architecture localise their own compiled graph: a departure is a false suspect."""
+    from ekka_core.bugs import DEFAULT_PROMPTS
+    from ekka_core.capture import localise_compiled
+    from ekka_core.capture.vllm_config import served_args
+    from ekka_core.contracts.spec import DiagnosisSpec
+
+    false, inconclusive = [], []
+    for arch in archs:
+        t = time.perf_counter()
+        spec = DiagnosisSpec(model=str(build_model(arch)), prompts=[DEFAULT_PROMPTS[0]], max_new_tokens=2)
+        args, _ = served_args(spec)
+        g = localise_compiled(spec, out / arch, args, fresh=True)
+        scored = [p for p in [*g.pieces, *g.inner_pieces] if p.error_ratio is not None]
+        top = max(scored, key=lambda p: p.error_ratio, default=None)
+        gaps = [p for p in g.pieces if p.not_compared and not p.covered_by_children]
+        if g.departs:
+            false.append(arch)
+        if not g.conclusive:
+            inconclusive.append(arch)
+        print(f"{arch}: {'DEPARTS at ' + g.suspect.module if g.suspect else 'no departure'}; "
+              f"{'conclusive' if g.conclusive else 'NOT conclusive'}; {len(scored)} pieces scored, largest "
+              f"{top.error_ratio:.3f} ({top.module})" if top else f"{arch}: nothing scored ({g.reason})", end="")
+        print(f"; not compared: {', '.join(f'{p.module} ({p.not_compared})' for p in gaps[:3])}" if gaps else "",
+              f"; {time.perf_counter() - t:.0f} s", flush=True)
+    print(f"\n{len(archs)} architectures: {len(false)} false departures {false}, {len(inconclusive)} not conclusive "
+          f"{inconclusive}")
+    return 1 if false else 0
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="*", default=known_architectures())
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--engine", action="store_true", help="clean vLLM-CPU engines localise their own graphs")
+    ap.add_argument("--out", type=Path, default=Path("ekka-out/compile-noise-engine"))
     args = ap.parse_args()
+    if args.engine:
+        return engine_sweep(args.arch, args.out)
     largest, largest_row, measured = 0.0, 0.0, []
     for arch in args.arch:
         t = time.perf_counter()
@@ -76,7 +117,8 @@ def main() -> None:
     if args.write:
         NOISE_FILE.write_text(json.dumps(model, indent=1) + "\n")
         print(f"written: {NOISE_FILE}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -12,9 +12,12 @@ the run's compile-cache use as vLLM's counters report it, and ratios to the cold
 RSS of each part's process tree (sampled: the reference runs beside the engine) and the traces' size. The last part
 diagnoses the unchanged spec again into the same directory, as the language server's re-run does (every run reused).
 ``--model 1b``: the 1B-shaped Llama of issue 25 (2048 x 16 layers, one ~300-token prompt): a cold and a warm served
-run, a clean diagnosis and its re-run. Not a test.
+run, a clean diagnosis and its re-run. ``--model compile-only`` (issue 26): the tiny Llama with the benchmark's
+compile-only bug ``inductor-silu-decomposition-wrong`` re-injected: a cold served run, then its diagnosis, whose
+triage finds compilation and whose in-graph localisation run replays the compiled graph piece by piece (its own
+engine run's seconds against the served run's). Not a test.
 
-    .venv/bin/python benchmarks/diagnosis_cost.py [--out DIR] [--model tiny|1b]
+    .venv/bin/python benchmarks/diagnosis_cost.py [--out DIR] [--model tiny|1b|compile-only]
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ if part == "served":
     args, _ = served_args(spec)
     run = run_engine(spec, out / "served", args, label="served", fresh=True)
     extra = {"compile_cache": run.outputs.resolved.get("compile_cache"),
-             "engine_start_s": round(run.outputs.start_seconds, 1),
+             "engine_start_s": round(run.outputs.start_seconds, 1), "engine_s": round(run.outputs.seconds, 1),
              "prompt_tokens": sum(len(r.prompt_token_ids) for r in run.outputs.requests)}
 else:                # "diagnose", or "again": the unchanged spec into the same directory, as the language server
     report = diagnose(spec, out, fresh=part == "diagnose").report
@@ -63,6 +66,10 @@ else:                # "diagnose", or "again": the unchanged spec into the same 
     extra = {"verdict": report.verdict, "compile_cache": served.resolved.get("compile_cache"),
              "engine_start_s": round(served.start_seconds, 1),
              "trace_mb": round(sum(f.stat().st_size for f in (out / "traces").rglob("*") if f.is_file()) / 2**20)}
+    graph = out / "runs" / "graph-localisation"
+    if (graph / "outputs.json").exists():       # the in-graph localisation's own engine run (compile-only bugs)
+        extra["graph_run_s"] = round(EngineOutputs.load(graph).seconds, 1)
+        extra["top"] = f"{report.top.kind} {report.top.target.module}" if report.top else None
 print(json.dumps({"seconds": round(time.perf_counter() - t0, 1), **extra}))
 """
 
@@ -81,6 +88,10 @@ PARTS_1B = [("served run, compile cache empty", "served", FRESH),
             ("served run, compile cache filled by the run above", "served", FRESH),
             ("clean diagnosis, compile cache filled, warm host", "diagnose", {}),
             ("the same diagnosis again, unchanged spec, same directory (the language server's re-run)", "again", {})]
+# A compile-only bug (issue 26): the served run that shows it, then the diagnosis that localises it in the graph.
+COMPILE_ONLY = {"EKKA_INJECT_BUG": "inductor-silu-decomposition-wrong"}
+PARTS_COMPILE_ONLY = [("served run of the compile-only bug, compile cache empty", "served", {**FRESH, **COMPILE_ONLY}),
+                      ("its diagnosis (triage, in-graph localisation), warm host", "diagnose", COMPILE_ONLY)]
 
 
 class TreePeak:
@@ -134,10 +145,11 @@ def _status_kb(pid: int, field: str, file: str) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("ekka-out/diagnosis-cost"))
-    ap.add_argument("--model", choices=("tiny", "1b"), default="tiny",
-                    help="the zoo's tiny Llama (default), or the 1B-shaped one (2048 x 16 layers, ~300 tokens)")
+    ap.add_argument("--model", choices=("tiny", "1b", "compile-only"), default="tiny",
+                    help="the zoo's tiny Llama (default), the 1B-shaped one (2048 x 16 layers, ~300 tokens), or the "
+                         "tiny Llama with a compile-only bug re-injected (the in-graph localisation's cost)")
     a = ap.parse_args()
-    parts = PARTS if a.model == "tiny" else PARTS_1B
+    parts = {"tiny": PARTS, "1b": PARTS_1B, "compile-only": PARTS_COMPILE_ONLY}[a.model]
     shutil.rmtree(a.out, ignore_errors=True)
     caches = {"VLLM_CACHE_ROOT": str((a.out / "vllm-cache").resolve()),
               "TORCHINDUCTOR_CACHE_DIR": str((a.out / "inductor-cache").resolve())}
@@ -171,6 +183,13 @@ def main() -> int:
         verdict = f" ({row['verdict']})" if "verdict" in row else ""
         print(f"| {label}{verdict} | {row.get('compile_cache') or '—'} | {row['engine_start_s']} | {row['seconds']} | "
               f"{row['seconds'] / cold:.2f} | {row['peak_rss_gb']} | {row['peak_pss_gb']} | {row.get('trace_mb', '—')} |")
+    if a.model == "compile-only":
+        d = rows[1][1]
+        engine = rows[0][1]["engine_s"]       # the served engine run itself, as the localisation's is measured
+        print(f"\ncompile-only bug: the in-graph localisation's engine run {d.get('graph_run_s')} s = "
+              f"{d.get('graph_run_s', 0) / engine:.2f}× the cold served engine run ({engine} s); the whole diagnosis "
+              f"{d['seconds'] / cold:.2f}× the cold served run with its scoring ({d['verdict']}, rank 1: {d.get('top')})")
+        return 0
     served, served_warm = rows[1][1], rows[1][1]["seconds"]
     if a.model == "1b":
         d, again = rows[2][1], rows[3][1]["seconds"]

@@ -23,11 +23,12 @@ from ekka_core.zoo import build_model, tokenizer_without_bos
 
 # What CI runs (tests/pipeline/test_bench.py): one case of each kind the other end-to-end tests do not already
 # diagnose — a module, code between modules, the engine's input path, a rounding convention, a served feature, a
-# module wrong on a few rows, an fp16 overflow — and the negative that serves vLLM's defaults (compiled, prefix cache hit, small chunks) on a clean model.
+# module wrong on a few rows, an fp16 overflow, a compile-only bug localised inside the compiled graph — and the
+# negative that serves vLLM's defaults (compiled, prefix cache hit, small chunks) on a clean model.
 FAST_SUBSET = ["qwen3-qk-norm-across-heads", "granite-embedding-multiplier-skipped", "chat-double-bos",
                "rmsnorm-weight-in-fp32", "prefix-cache-hit-corrupts-resumed-prefill",
                "first-decode-step-context-short", "mlp-fp16-overflow-prescaled-down-proj",
-               "negative:clean-llama-served-defaults"]
+               "inductor-silu-decomposition-wrong", "negative:clean-llama-served-defaults"]
 
 
 @dataclass
@@ -117,16 +118,31 @@ def score(bug: bugs.Bug, report: Report, seconds: float) -> CaseResult:
         missing.append("expected component not among the suspects")
     if bug.expected_culprit is not None and sorted(culprit or []) != sorted(bug.expected_culprit):
         missing.append(f"culprit {culprit}, expected {bug.expected_culprit}")
+    if bug.expected_kind == "compiled" and (unproven := _not_clean_eager(report)):
+        missing.append(unproven)
     criteria = not missing
     return CaseResult(bug.name, "bug", bug.expected, report.verdict, rank, top,
                       criteria and rank == 1, criteria and rank is not None and rank <= 3, seconds, culprit=culprit,
                       passed=criteria and rank is not None and rank <= bug.expected_rank, why="; ".join(missing))
 
 
+def _not_clean_eager(report: Report) -> str | None:
+    """A compile-only case proves its class only when the same diagnosis ran it eagerly and found it clean: its
+    traced baseline (``enforce_eager``) matches the reference at the output level."""
+    serving = report.serving
+    traced = serving.traced if serving else None
+    if serving is None or traced is None or not (serving.traced_args or {}).get("enforce_eager"):
+        return "not run under enforce_eager in the same diagnosis"
+    if traced.diverges:
+        return f"diverges under enforce_eager too (ratio {traced.ratio})"
+    return None
+
+
 def _kind_unmet(bug: bugs.Bug, suspect: Suspect, threshold: float) -> str | None:
     """What the matching suspect lacks for the case's ``expected_kind`` (None: nothing). A ``rows`` case proves its
     point only where the pooled comparison could not see it: the module's pooled error ratio under the threshold, its
-    rows named. A ``non-finite`` case needs NaN/Inf values counted."""
+    rows named. A ``non-finite`` case needs NaN/Inf values counted; a ``compiled`` one a graph node's source line
+    and the compiler stage named."""
     kind = bug.expected_kind
     if not kind:
         return None
@@ -139,6 +155,11 @@ def _kind_unmet(bug: bugs.Bug, suspect: Suspect, threshold: float) -> str | None
             return "without the rows named"
     if kind == "non-finite" and not suspect.non_finite > 0:
         return "without NaN/Inf values counted"
+    if kind == "compiled":
+        if not any(n.file and n.line for n in suspect.graph_nodes):
+            return "without a graph node's source line"
+        if not suspect.compiler_stages:
+            return "without the compiler stage named"
     return None
 
 

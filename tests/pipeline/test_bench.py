@@ -49,7 +49,17 @@ def test_fast_subset_meets_every_case_criterion(zoo_dir, tmp_path):
     assert rows["kind"] == "rows" and rows["rows"] and rows["error_ratio"] < 2.0, rows
     nan = json.loads((tmp_path / "mlp-fp16-overflow-prescaled-down-proj" / "report.json").read_text())["suspects"][0]
     assert nan["kind"] == "non-finite" and nan["non_finite"] > 0 and nan["rows"], nan
-    assert "cases meeting their own criteria 7/7 · negatives right 1/1" in (tmp_path / "bench.md").read_text()
+    # a compile-only bug: clean under enforce_eager in the same diagnosis, found inside the compiled graph — the
+    # module, the graph node's source line and the decomposition named
+    compiled = json.loads((tmp_path / "inductor-silu-decomposition-wrong" / "report.json").read_text())
+    assert compiled["serving"]["traced_args"]["enforce_eager"] and compiled["serving"]["traced"]["diverges"] is False
+    top = compiled["suspects"][0]
+    assert top["kind"] == "compiled" and top["target"]["module"] == "model.layers.0.mlp.act_fn", top
+    assert top["compiler_stages"][0]["name"] == "aten.silu.default", top
+    assert any(n["file"].endswith("vllm/model_executor/layers/activation.py") and n["line"] for n in top["graph_nodes"])
+    assert compiled["graph"]["suspect"]["departs"] and [c for c in compiled["checks"] if c["check"] == "graph"][0][
+        "status"] == "diverges"
+    assert "cases meeting their own criteria 8/8 · negatives right 1/1" in (tmp_path / "bench.md").read_text()
 
 
 def test_every_benchmark_case_cites_its_source_and_has_a_zoo_model():
