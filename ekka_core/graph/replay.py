@@ -34,12 +34,19 @@ def piece_inputs(split: SplitGraph, example_inputs: Sequence[Any]) -> dict[str, 
     class Recorder(fx.Interpreter):
         def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
             if isinstance(target, str) and target.startswith("submod_"):
-                seen[target] = list(args)
+                seen[target] = fresh(args)      # as they were: the piece may write into them (an in-place op)
             return super().call_module(target, args, kwargs)
 
     with torch.no_grad():
         Recorder(split.graph).run(*example_inputs)
     return seen
+
+
+def fresh(values: Sequence[Any]) -> list[Any]:
+    """Each run of a piece gets its own copy of every tensor that is not a parameter: a piece that writes into an
+    input (an in-place op, an output buffer it was handed) must not hand the next run other values than the first
+    one got — eager, compiled and the twin are compared on the same inputs, or not at all."""
+    return [v.clone() if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) else v for v in values]
 
 
 def truth_dtype(dtype: str) -> torch.dtype:
@@ -119,17 +126,17 @@ def score(gm: fx.GraphModule, inputs: list[Any], dtype: str, compile_piece: Comp
     (nothing to round); rows of tokens whose routing is a tie (see :func:`_tied_rows`) are left out."""
     with torch.no_grad():
         eager_run = _TopK(gm)
-        eager = outputs(eager_run.run(*inputs))
+        eager = outputs(eager_run.run(*fresh(inputs)))
         if not eager:
             return 0.0, None, None
-        compiled = outputs(compile_piece(gm, list(inputs))(*inputs))
+        compiled = outputs(compile_piece(gm, fresh(inputs))(*fresh(inputs)))
         if _identical(compiled, eager):
             # Compiled code that computes eager's bits exactly (an extern kernel both call: vLLM-CPU's oneDNN
             # linears) cannot be where compilation departs, whatever the truth: ratio 0 without a wider twin.
             return 0.0, None, None
         wide = truth_dtype(dtype)
         truth_run = _TopK(in_wider(gm, wide))
-        truth = outputs(truth_run.run(*[x.to(wide) if floating(x) else x for x in inputs]))
+        truth = outputs(truth_run.run(*[x.to(wide) if floating(x) else x for x in fresh(inputs)]))
     tied = _tied_rows(eager_run, truth_run)
     worst, worst_row, worst_row_ratio = 0.0, None, None
     compared = 0
