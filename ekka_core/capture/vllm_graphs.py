@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 GRAPH_DIR_ENV = "EKKA_GRAPH_DIR"
+GRAPH_THRESHOLD_ENV = "EKKA_GRAPH_THRESHOLD"     # the spec's threshold (limits are never below the noise model's)
 RESULT_FILE = "graph_localisation.json"
 
 _armed = False
 _dtype = "bfloat16"      # the model's dtype, from the runner that armed the step
 _localising = False      # our own replay compiles through the same entry: those graphs are not the engine's
-_results: list[Any] = []
-_anchors: list[tuple[str, str] | None] = []   # per result: a module it was traced through (path, class)
+# Each graph's localisation, with a module it was traced through (path, class) to find its engine name by.
+_results: list[tuple[Any, tuple[str, str] | None]] = []
 
 
 def install(directory: Path) -> None:
@@ -102,9 +103,9 @@ def _localise(gm: Any, inputs: list[Any], patches: dict[str, Any], directory: Pa
 
     _localising = True
     try:
-        _results.append(localise_in_graph(gm, inputs, dtype=_dtype, config_patches=patches,
-                                          threshold=float(os.environ.get("EKKA_GRAPH_THRESHOLD", "2.0"))))
-        _anchors.append(_traced_anchor(gm))
+        result = localise_in_graph(gm, inputs, dtype=_dtype, config_patches=patches,
+                                   threshold=float(os.environ.get(GRAPH_THRESHOLD_ENV, "2.0")))
+        _results.append((result, _traced_anchor(gm)))
     finally:
         _localising = False
 
@@ -154,12 +155,12 @@ def _write(directory: Path, dtype: str, model: Any = None) -> None:
     from ekka_core.contracts.jsonable import to_json
 
     if _results:
-        index = next((i for i, r in enumerate(_results) if r.departs), 0)
-        result = _results[index].rooted(_engine_name(model, _anchors[index]))
+        found, anchor = next((pair for pair in _results if pair[0].departs), _results[0])
+        result = found.rooted(_engine_name(model, anchor))
     else:
-        result = GraphLocalisation(replayable=False, threshold=0.0, row_threshold=0.0, dtype=dtype,
-                                   reason="no compiled graph ran in the engine's first step (compilation off, or "
-                                          "the graphs were loaded from the compile cache without Inductor)")
+        result = GraphLocalisation.unreplayable("no compiled graph ran in the engine's first step (compilation off, "
+                                                "or the graphs were loaded from the compile cache without Inductor)",
+                                                dtype=dtype)
     result.notes += ["vLLM's compile cache was off for this run (VLLM_DISABLE_COMPILE_CACHE=1), so its graph was "
                      "compiled and could be split", "the first step's KV cache slots were written again by the "
                      "replays: tokens sampled after it are not the served run's"]

@@ -72,6 +72,13 @@ class GraphLocalisation:
     # own (``model.layers.0.mlp``), as the traced comparison names them; "" leaves them relative to the graph.
     root: str = ""
 
+    @classmethod
+    def unreplayable(cls, reason: str, *, dtype: str, threshold: float = 0.0, row_threshold: float = 0.0,
+                     **kept: object) -> "GraphLocalisation":
+        """A graph that could not be localised, and why: never conclusive, so never an agreement."""
+        return cls(replayable=False, threshold=threshold, row_threshold=row_threshold, dtype=dtype, reason=reason,
+                   **kept)  # type: ignore[arg-type]
+
     @property
     def departs(self) -> bool:
         return self.suspect is not None
@@ -84,10 +91,6 @@ class GraphLocalisation:
         def path(p: str | None) -> str | None:
             return p if p is None else (f"{root}.{p}" if p else root)
 
-        if self.suspect is not None:      # the stage's words name the suspect piece too
-            before, after = f", {self.suspect.module or 'the graph'} agrees", f", {path(self.suspect.module)} agrees"
-            for finding in self.passes:
-                finding.words = finding.words.replace(before, after)
         pieces = [*self.pieces, *self.inner_pieces, *([self.suspect] if self.suspect else [])]
         for piece in {id(p): p for p in pieces}.values():      # the suspect may be one of the pieces itself
             piece.module = path(piece.module) or root

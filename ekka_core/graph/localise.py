@@ -98,10 +98,10 @@ def localise_in_pieces(graphs: Sequence[tuple[fx.GraphModule, list[Any], dict[st
                 out.suspect_nodes = _unique_lines(node_source(n) for n in rewired)
                 out.node_words = f"the nodes the post-grad pass {passes[0].name} rewrote"
     except Exception as exc:        # a graph Inductor or the FX splitter cannot take: say so, decide nothing
-        return GraphLocalisation(replayable=False, threshold=limit.piece, row_threshold=limit.row, dtype=dtype,
-                                 pieces=out.pieces, inner_pieces=out.inner_pieces,
-                                 reason=f"the compiled graph could not be split and replayed: {type(exc).__name__}: "
-                                        f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        return GraphLocalisation.unreplayable(
+            f"the compiled graph could not be split and replayed: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}", dtype=dtype, threshold=limit.piece,
+            row_threshold=limit.row, pieces=out.pieces, inner_pieces=out.inner_pieces)
     return out
 
 
@@ -178,8 +178,8 @@ def _name_the_pass(piece: Piece, inputs: list[Any], dtype: str, config_patches: 
             continue
         if not limit.departs(ratio, row_ratio):
             found.append(PassFinding(stage=toggle.stage, name=toggle.name, ratio_without=ratio,
-                                     words=f"{toggle.words}, {piece.module or 'the graph'} agrees "
-                                           f"(compiled vs eager ratio {ratio:.2f})"))
+                                     words=f"{toggle.words}, the piece agrees (compiled vs eager ratio "
+                                           f"{ratio:.2f})"))
     found.sort(key=lambda f: _STAGE_ORDER.get(f.stage, 3))
     return found, tried
 

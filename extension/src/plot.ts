@@ -75,6 +75,33 @@ function tickLabel(ratio: number): string {
   return `1e${Math.round(Math.log10(ratio))}`;
 }
 
+interface FrameLabels {
+  cls: string;
+  id: string;
+  aria: string;
+  yLabel: string;
+  xLabel: string;
+  xLabelDrop: number;     // the x-axis label's distance above the bottom edge
+}
+
+/** The opening <svg>, the log-scale grid and axes and both axis labels of a plot of ratios in `box`; the caller
+ * draws the data into `parts` with `scale` and closes the <svg>. */
+function logPlotFrame(box: Box, values: (number | null)[], threshold: number | undefined, labels: FrameLabels) {
+  const { width, height, left, right, top, bottom } = box;
+  const x0 = left;
+  const x1 = width - right;
+  const yBottom = height - bottom;
+  const scale = logScale(values, threshold, top, yBottom);
+  const parts: string[] = [
+    `<svg xmlns="http://www.w3.org/2000/svg" class="plot ${labels.cls}" id="${labels.id}" data-width="${width}" ` +
+      `viewBox="0 0 ${width} ${height}" role="img" aria-label="${labels.aria}">`,
+    ...logAxes(scale, x0, x1, top, yBottom, labels.yLabel),
+    `<text class="axis-label" x="${num((x0 + x1) / 2)}" y="${num(height - labels.xLabelDrop)}" text-anchor="middle">` +
+      `${labels.xLabel}</text>`,
+  ];
+  return { parts, scale, x0, x1, top, yBottom, width, height };
+}
+
 /** The decade grid with its tick labels, the two axes and the rotated y-axis label of a log-scale plot. */
 function logAxes(scale: LogScale, x0: number, x1: number, top: number, yBottom: number, label: string): string[] {
   const parts: string[] = [];
@@ -96,23 +123,13 @@ function logAxes(scale: LogScale, x0: number, x1: number, top: number, yBottom: 
  * vertical line. `highlight` rings the named component (a code lens's module).
  */
 export function seriesSvg(plots: Plots, highlight?: string, box: Box = SERIES_BOX): string {
-  const { width, height, left, right, top, bottom } = box;
-  const x0 = left;
-  const x1 = width - right;
-  const yBottom = height - bottom;
   const series = plots.series ?? [];
   const n = series.length;
-  const scale = logScale(series.map((p) => p.error_ratio ?? null), plots.threshold, top, yBottom);
-  const parts: string[] = [];
-  parts.push(
-    `<svg xmlns="http://www.w3.org/2000/svg" class="plot series" id="series-plot" data-width="${width}" ` +
-      `viewBox="0 0 ${width} ${height}" role="img" aria-label="Error ratio along the execution order, log scale">`,
-  );
-  parts.push(...logAxes(scale, x0, x1, top, yBottom, "error ratio (log)"));
-  parts.push(
-    `<text class="axis-label" x="${num((x0 + x1) / 2)}" y="${num(height - 8)}" text-anchor="middle">` +
-      `compared components in execution order (${n})</text>`,
-  );
+  const { parts, scale, x0, x1, top, yBottom } = logPlotFrame(box, series.map((p) => p.error_ratio ?? null),
+    plots.threshold, {
+      cls: "series", id: "series-plot", aria: "Error ratio along the execution order, log scale",
+      yLabel: "error ratio (log)", xLabel: `compared components in execution order (${n})`, xLabelDrop: 8,
+    });
   // threshold
   if (usable(plots.threshold)) {
     const ty = scale.y(plots.threshold);
@@ -283,25 +300,15 @@ export function pieceLabel(module: string): string {
  * a bar of zero height that would read as agreement.
  */
 export function graphSvg(g: GraphLocalisation, box: Box = GRAPH_BOX): string {
-  const { width, height, left, right, top, bottom } = box;
-  const x0 = left;
-  const x1 = width - right;
-  const yBottom = height - bottom;
   const pieces = graphPieces(g);
   const n = pieces.length;
+  const { parts, scale, x0, x1, top, yBottom } = logPlotFrame(box, pieces.map((p) => p.error_ratio ?? null),
+    g.threshold, {
+      cls: "graph", id: "graph-plot", aria: "Compiled vs eager error ratio per piece of the graph, log scale",
+      yLabel: "compiled vs eager (log)", xLabel: `pieces of the compiled graph in graph order (${n})`, xLabelDrop: 6,
+    });
   const step = (x1 - x0) / Math.max(n, 1);
   const bw = step * 0.7;
-  const scale = logScale(pieces.map((p) => p.error_ratio ?? null), g.threshold, top, yBottom);
-  const parts: string[] = [];
-  parts.push(
-    `<svg xmlns="http://www.w3.org/2000/svg" class="plot graph" id="graph-plot" data-width="${width}" ` +
-      `viewBox="0 0 ${width} ${height}" role="img" aria-label="Compiled vs eager error ratio per piece of the graph, log scale">`,
-  );
-  parts.push(...logAxes(scale, x0, x1, top, yBottom, "compiled vs eager (log)"));
-  parts.push(
-    `<text class="axis-label" x="${num((x0 + x1) / 2)}" y="${num(height - 6)}" text-anchor="middle">` +
-      `pieces of the compiled graph in graph order (${n})</text>`,
-  );
   // where the suspect layer's own children start
   const outer = (g.pieces ?? []).length;
   if (outer > 0 && outer < n) {

