@@ -148,6 +148,10 @@ class _Run:
         else:
             captured = capture(spec, self.out_dir, fresh=self.fresh, progress=self._say, env=self.env)
         target, reference, reference_fp32 = load(captured)
+        if self.serving is not None:
+            # What the traced run changed on its own (the served run's tokens, forced: vllm_forcing) is said too.
+            said = {c.arg for c in self.serving.changes}
+            self.serving.changes += [ConfigChange(**c) for c in target.run.config_changes if c["arg"] not in said]
         self.meta.target, self.meta.reference = describe(target), describe(reference)
         self.meta.traces, self.meta.reused_traces = str(captured.target.parent), captured.reused
         outcome, differ = check_inputs(spec, _trace_outputs(target), reference.run.own_prompt_token_ids,

@@ -22,12 +22,14 @@ def main(argv: list[str]) -> int:
     spec = DiagnosisSpec.from_json(json.loads(spec_path.read_text()))
     try:
         if role == "target":
-            # argv[3]: {"args": engine arguments, "label", "trace": bool, "changes": [ConfigChange]}
+            # argv[3]: {"args": engine arguments, "label", "trace": bool, "changes": [ConfigChange], and optionally
+            # "forced": per request the tokens to sample, "forced_from": the label of the run that sampled them}
             run = json.loads(Path(argv[3]).read_text())
             if spec.target == "vllm":
                 from ekka_core.capture import vllm_runner
                 vllm_runner.run(spec, out, run["args"], label=run["label"], trace=run["trace"],
-                                config_changes=run["changes"])
+                                config_changes=run["changes"], forced=run.get("forced"),
+                                forced_from=run.get("forced_from", ""))
             else:
                 from ekka_core.capture import sglang_runner
                 sglang_runner.run(spec, out)

@@ -96,9 +96,13 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
         if args is None and spec.target == "vllm":
             args, changes = _traced_baseline_args(spec)
         run_file = traces / "run.in.json"
-        run_file.write_text(json.dumps({"args": args, "label": name or "traced", "trace": True,
-                                        "changes": changes or []}, default=str))
+        run = {"args": args, "label": name or "traced", "trace": True, "changes": changes or []}
         reference_beside = made = None
+        if beside is not None and spec.target == "vllm":
+            # The traced run samples what that run sampled, so the reference made beside it on those tokens is its
+            # reference (vllm_forcing; the engine samples its own where it cannot be forced).
+            run.update(_forced_tokens(EngineOutputs.load(beside)))
+        run_file.write_text(json.dumps(run, default=str))
         if beside is not None and room_beside(spec, env):
             progress("the reference (hf) runs beside the engine, on the served run's tokens")
             reference_beside = _Beside(spec_file, Path(beside), traces / "beside", env)
@@ -127,6 +131,14 @@ def _traced_baseline_args(spec: DiagnosisSpec) -> tuple[dict[str, Any], list[dic
     served, machine = served_args(spec)
     args, changes = configuration(served, None)
     return args, [asdict(c) for c in machine + changes]
+
+
+def _forced_tokens(outputs: EngineOutputs) -> dict[str, Any]:
+    """The ``forced``/``forced_from`` entries of a target run's ``run.in.json``: per request index, the tokens
+    ``outputs``' run sampled."""
+    by_request = {r.request: r.generated for r in outputs.requests}
+    forced = [by_request.get(i, []) for i in range(max(by_request, default=-1) + 1)]
+    return {"forced": forced, "forced_from": outputs.label}
 
 
 class _Beside:

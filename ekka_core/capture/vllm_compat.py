@@ -272,6 +272,25 @@ def logits_processor_class() -> type:
     return logits_processor_module().LogitsProcessor
 
 
+def token_forcing_unsupported(args: dict[str, Any]) -> str | None:
+    """Why an engine with arguments ``args`` cannot be made to sample given tokens (a v1 logits processor:
+    :class:`ekka_core.capture.vllm_forcing.ForcedTokens`), None when it can: the release has no v1 logits-processor
+    interface; speculative decoding rejects custom logits processors; a ``logprobs_mode`` that reports logprobs
+    after the processors would report the forced ones."""
+    try:
+        importlib.import_module("vllm.v1.sample.logits_processor")
+    except ImportError:
+        return f"vLLM {version()} has no v1 logits-processor interface"
+    if "logits_processors" not in llm_arg_names():
+        return f"vLLM {version()} takes no `logits_processors` engine argument"
+    if args.get("speculative_config"):
+        return "speculative decoding takes no custom logits processor"
+    mode = args.get("logprobs_mode")
+    if mode is not None and not str(mode).startswith("raw_"):
+        return f"logprobs_mode={mode!r} reports logprobs after the logits processors"
+    return None
+
+
 def vllm_config_of(llm: Any) -> Any:
     """The ``VllmConfig`` an ``LLM`` resolved its arguments into."""
     engine = require_attr(llm, "llm_engine", "vllm.LLM.llm_engine")

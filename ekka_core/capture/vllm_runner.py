@@ -37,6 +37,19 @@ from ekka_core.contracts.spec import DiagnosisSpec, RequestSpec
 # Top-k logprobs per sampled position (vLLM's default max_logprobs is 20).
 SAMPLE_LOGPROBS = 20
 
+# Token forcing (``run(forced=…)``): the logits processor vLLM imports by name in the engine, and the request's
+# ``SamplingParams.extra_args`` key it reads the tokens from.
+FORCED_PROCESSOR = "ekka_core.capture.vllm_forcing:ForcedTokens"
+FORCED_KEY = "ekka_forced_tokens"
+
+
+def forcing_change(forced_from: str) -> dict[str, Any]:
+    """The configuration change a forced run records (a ``ConfigChange``'s fields: the report lists it)."""
+    return {"arg": "sampled tokens", "served": "the engine's own", "traced": f"the {forced_from} run's, forced",
+            "why": f"the traced run samples what the {forced_from} run sampled, so the reference made beside it on "
+                   f"those tokens is its reference; forcing acts in the sampler, after the model (every traced "
+                   f"module computes as unforced), and the logprobs compared are the raw ones"}
+
 
 def _engine_env(args: dict[str, Any]) -> None:
     from ekka_core.capture.vllm_config import CPU_KVCACHE_GIB
@@ -112,12 +125,14 @@ def resolved_from_config(vc: Any) -> dict[str, Any]:
             "max_model_len": mc.max_model_len, "dtype": str(mc.dtype).removeprefix("torch.")}
 
 
-def _params(spec: DiagnosisSpec, request: RequestSpec) -> Any:
+def _params(spec: DiagnosisSpec, request: RequestSpec, forced: list[int] | None = None) -> Any:
     from vllm import SamplingParams
 
     values: dict[str, Any] = {"temperature": 0.0, "max_tokens": spec.max_new_tokens_of(request), "ignore_eos": True,
                               "logprobs": SAMPLE_LOGPROBS}
     values.update(request.sampling)
+    if forced:                           # read by vllm_forcing.ForcedTokens in the engine
+        values["extra_args"] = {**(values.get("extra_args") or {}), FORCED_KEY: list(forced)}
     try:
         return SamplingParams(**values)
     except (TypeError, ValueError) as e:
@@ -125,7 +140,8 @@ def _params(spec: DiagnosisSpec, request: RequestSpec) -> Any:
                        fix="use SamplingParams fields, e.g. sampling = { repetition_penalty = 1.2 }") from None
 
 
-def _send(llm: Any, spec: DiagnosisSpec, requests: list[RequestSpec], wave: list[int]) -> list[Any]:
+def _send(llm: Any, spec: DiagnosisSpec, requests: list[RequestSpec], wave: list[int],
+          forced: list[list[int]] | None = None) -> list[Any]:
     """One wave: all its requests in one call, as a server batch would take them. Chat requests go through the
     engine's chat path (LLM.chat), the others through LLM.generate; one call cannot take both."""
     from vllm.inputs import TokensPrompt
@@ -135,7 +151,7 @@ def _send(llm: Any, spec: DiagnosisSpec, requests: list[RequestSpec], wave: list
         raise BadInput(f"requests {[requests[i].id for i in wave]} are sent together but mix chat and prompt input",
                        fix="vLLM's LLM.chat and LLM.generate are separate calls: give the chat requests an `after` "
                            "of their own")
-    params = [_params(spec, requests[i]) for i in wave]
+    params = [_params(spec, requests[i], forced[i] if forced and i < len(forced) else None) for i in wave]
     try:
         if chat:
             return llm.chat([requests[i].messages for i in wave], params, use_tqdm=False)
@@ -150,17 +166,29 @@ def _send(llm: Any, spec: DiagnosisSpec, requests: list[RequestSpec], wave: list
 
 
 def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str, trace: bool,
-        config_changes: list[dict[str, Any]] | None = None) -> EngineOutputs:
+        config_changes: list[dict[str, Any]] | None = None, forced: list[list[int]] | None = None,
+        forced_from: str = "") -> EngineOutputs:
     """Run the spec's requests on vLLM with exactly ``args``; trace every module call into ``out_dir`` when
-    ``trace``. Writes ``out_dir/outputs.json`` and returns it."""
+    ``trace``. Writes ``out_dir/outputs.json`` and returns it.
+
+    ``forced``: per request (the spec's order), the tokens the run ``forced_from`` sampled: this run samples them
+    too (:mod:`ekka_core.capture.vllm_forcing`; recorded as a configuration change) where the engine allows it, and
+    samples its own where it does not."""
     _engine_env(args)
     if trace:
         # Ekka's plugin then sums the weights as loaded, before the engine repacks them (vLLM-CPU's linears hand
         # their values to oneDNN and keep an empty `weight`): what the mapping compares by value.
         os.environ[WEIGHT_SUMS_ENV] = "1"
     check_engine_args(args)
+    engine_args = args
+    if forced and vllm_compat.token_forcing_unsupported(args) is None:
+        # Not in `args`: those are the configuration recorded and compared; forcing adds no engine feature.
+        engine_args = {**args, "logits_processors": [*(args.get("logits_processors") or []), FORCED_PROCESSOR]}
+        config_changes = [*(config_changes or []), forcing_change(forced_from)]
+    else:
+        forced = None
     t0 = time.perf_counter()
-    llm = _start(args, spec.model)
+    llm = _start(engine_args, spec.model)
     started = time.perf_counter() - t0
     resolved = resolved_config(llm)
     # Loaded from vLLM's compile cache or compiled in this run (rank 0's word: every rank compiles the same graph);
@@ -182,7 +210,7 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
     outcomes: dict[int, tuple[Any, int]] = {}
     try:
         for w, wave in enumerate(spec.waves()):
-            for i, o in zip(wave, _send(llm, spec, requests, wave)):
+            for i, o in zip(wave, _send(llm, spec, requests, wave, forced)):
                 outcomes[i] = (o, w)
     except BadInput:
         if trace:
@@ -198,7 +226,8 @@ def run(spec: DiagnosisSpec, out_dir: Path, args: dict[str, Any], *, label: str,
         failure = f"vLLM crashed during generation: {type(e).__name__}: {e}"
 
     result = EngineOutputs(framework="vllm", framework_version=vllm_compat.version(), label=label, args=args,
-                           resolved=resolved, dtype=resolved["dtype"], traced=trace, start_seconds=started)
+                           resolved=resolved, dtype=resolved["dtype"], traced=trace, start_seconds=started,
+                           forced_tokens_from=forced_from if forced else "")
     for i in sorted(outcomes):
         o, w = outcomes[i]
         result.requests.append(RequestOutcome(

@@ -84,6 +84,9 @@ class EngineOutputs:
     seconds: float = 0.0
     start_seconds: float = 0.0
     peak_rss_mb: float = 0.0
+    # The label of the run whose sampled tokens this run was made to sample (a traced run fed the served run's
+    # tokens: ekka_core.capture.vllm_forcing); "" when the engine sampled its own.
+    forced_tokens_from: str = ""
     schema: str = OUTPUTS_SCHEMA
 
     def save(self, directory: Path) -> Path:

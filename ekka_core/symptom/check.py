@@ -62,7 +62,10 @@ def check_symptom(outputs: EngineOutputs, scores: ReferenceScores, *, threshold:
                 den = max(den, float(np.linalg.norm(np.array(other_way[j].logprobs) - ys)))
             norms.append((num, den, ref, same))
             ratio = num / max(den, floor_rel * ref, 1e-30)
-            matches = j < len(r.generated) and r.generated[j] == y.argmax
+            # A run made to sample another run's tokens (forced) picked nothing itself: its pick is its top logprob.
+            own = max(top, key=top.__getitem__) if outputs.forced_tokens_from and top else \
+                (r.generated[j] if j < len(r.generated) else None)
+            matches = own == y.argmax
             positions.append(PositionRatio(r.request, start + j, finite_ratio(ratio), bool(matches),
                                            routing_tie=start + j in ties.get(r.request, ())))
     counted = [i for i, p in enumerate(positions) if not p.routing_tie] or list(range(len(positions)))

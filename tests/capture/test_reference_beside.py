@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import threading
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from ekka_core.capture import SCORES_FILE, capture, run_engine, run_host, score_run
 from ekka_core.capture.trace import Trace
-from ekka_core.capture.vllm_config import served_args
+from ekka_core.capture.vllm_config import configuration, served_args
 from ekka_core.contracts.errors import BadInput
 from ekka_core.contracts.serving import OUTPUTS_FILE, EngineOutputs
 from ekka_core.contracts.spec import DiagnosisSpec
@@ -79,23 +79,62 @@ def _same_scores(a, b) -> None:
                 assert sx.logprobs == pytest.approx(sy.logprobs, abs=1e-5)
 
 
-@pytest.mark.slow
-def test_a_reference_made_on_other_tokens_is_not_the_reference(zoo_model, tmp_path):
-    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, max_new_tokens=4)
+def _run_that_sampled_other_tokens(spec, tmp_path):
+    """A served run, and a copy of it that sampled other first tokens (as a served configuration whose greedy
+    choice differs from the traced baseline's at a near tie)."""
     args, _ = served_args(spec)
     served = run_engine(spec, tmp_path / "served", args, label="served", score=False)
     other = tmp_path / "other"
     shutil.copytree(served.directory, other)
     outputs = json.loads((other / OUTPUTS_FILE).read_text())
-    outputs["requests"][0]["generated"][0] += 1          # a served run that sampled another first token
+    outputs["requests"][0]["generated"][0] += 1
+    outputs["requests"][1]["generated"][1] += 3
     (other / OUTPUTS_FILE).write_text(json.dumps(outputs))
+    return served, other
 
+
+@pytest.mark.slow
+def test_the_traced_run_samples_the_tokens_of_the_run_beside_it(zoo_model, tmp_path):
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, max_new_tokens=4)
+    _served, other = _run_that_sampled_other_tokens(spec, tmp_path)
     said: list[str] = []
     result = capture(spec, tmp_path / "c", beside=other, progress=said.append)
+    # The target fed the model what the other run sampled, so the reference made beside it is its reference.
+    assert result.reference_beside and not any("tracing the reference" in m for m in said), said
+    wanted = EngineOutputs.load(other)
+    target = Trace(result.target).run
+    assert target.token_ids == [r.fed_token_ids for r in wanted.requests]
+    assert Trace(result.reference).run.token_ids == target.token_ids
+    traced = EngineOutputs.load(result.target)
+    assert [r.generated for r in traced.requests] == [r.generated for r in wanted.requests]
+    assert traced.forced_tokens_from == "served"
+    assert any(c["arg"] == "sampled tokens" for c in target.config_changes), target.config_changes
+    # Forcing acts after the model: the first step (same prompt) computes exactly what an unforced traced run does,
+    # the next (another fed token) does not.
+    unforced = EngineOutputs.load(capture(spec, tmp_path / "unforced").target)
+    # (vLLM returns the sampled token's logprob with the top-k: the forced token's too, where it is not among them)
+    first, unforced_first = traced.requests[0].logprobs[0], unforced.requests[0].logprobs[0]
+    assert unforced_first.items() <= first.items() and wanted.requests[0].generated[0] in first
+    assert traced.requests[0].logprobs[1].items() != unforced.requests[0].logprobs[1].items()
+
+
+@pytest.mark.slow
+def test_a_reference_made_on_other_tokens_is_not_the_reference(zoo_model, tmp_path):
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=PROMPTS, max_new_tokens=4)
+    served, other = _run_that_sampled_other_tokens(spec, tmp_path)
+    # An engine whose reported logprobs would be the forced ones samples its own tokens, which are not the other run's.
+    served_config, machine = served_args(spec)
+    args, changes = configuration(served_config, None)
+    args = {**args, "logprobs_mode": "processed_logprobs"}
+    changes = [asdict(c) for c in machine + changes]
+
+    said: list[str] = []
+    result = capture(spec, tmp_path / "c", args=args, changes=changes, beside=other, progress=said.append)
     assert any("runs beside the engine" in m for m in said), said
     assert not result.reference_beside
     assert any("tracing the reference" in m for m in said), said      # run again, on the target's own tokens
     target = Trace(result.target).run
+    assert not EngineOutputs.load(result.target).forced_tokens_from
     assert Trace(result.reference).run.token_ids == target.token_ids
     assert not (tmp_path / "c" / "traces" / "beside").exists()
     # What was made beside scores the other run, teacher-forced on its tokens (not the target's): as a reference run
@@ -118,6 +157,7 @@ def test_a_diagnosis_scores_its_served_run_beside_the_traced_engine(zoo_model, t
     assert not any("scoring the served run" in m for m in said), said
     assert (tmp_path / "d" / "runs" / "served" / SCORES_FILE).exists()
     assert report.serving is not None and report.serving.served is not None
+    assert any(c.arg == "sampled tokens" for c in report.serving.changes), report.serving.changes
     # A second diagnosis of the unchanged spec runs nothing (the language server's re-run); one with an edited
     # threshold neither; an edit of a served-only argument runs the served configuration again, not the trace.
     for edited in (spec, replace(spec, threshold=2.5)):
