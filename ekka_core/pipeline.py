@@ -151,7 +151,8 @@ class _Run:
         if self.serving is not None:
             # What the traced run changed on its own (the served run's tokens, forced: vllm_forcing) is said too.
             said = {c.arg for c in self.serving.changes}
-            self.serving.changes += [ConfigChange(**c) for c in target.run.config_changes if c["arg"] not in said]
+            recorded = [ConfigChange(**c) for c in target.run.config_changes]
+            self.serving.changes += [c for c in recorded if c.arg not in said]
         self.meta.target, self.meta.reference = describe(target), describe(reference)
         self.meta.traces, self.meta.reused_traces = str(captured.target.parent), captured.reused
         outcome, differ = check_inputs(spec, _trace_outputs(target), reference.run.own_prompt_token_ids,
