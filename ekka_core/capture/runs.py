@@ -97,23 +97,24 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
             args, changes = _traced_baseline_args(spec)
         run_file = traces / "run.in.json"
         run = {"args": args, "label": name or "traced", "trace": True, "changes": changes or []}
-        reference_beside = made = None
-        if beside is not None and spec.target == "vllm":
-            # The traced run samples what that run sampled, so the reference made beside it on those tokens is its
-            # reference (vllm_forcing; the engine samples its own where it cannot be forced).
-            run.update(_forced_tokens(EngineOutputs.load(beside)))
-        run_file.write_text(json.dumps(run, default=str))
+        reference_beside = made = beside_outputs = None
         if beside is not None and room_beside(spec, env):
+            beside_outputs = EngineOutputs.load(beside)
+            if spec.target == "vllm":
+                # The traced run samples what that run sampled, so the reference made beside it on those tokens is
+                # its reference (vllm_forcing; the engine samples its own where it cannot be forced).
+                run.update(_forced_tokens(beside_outputs))
             progress("the reference (hf) runs beside the engine, on the served run's tokens")
             reference_beside = _Beside(spec_file, Path(beside), traces / "beside", env)
+        run_file.write_text(json.dumps(run, default=str))
         try:
             _worker("target", spec_file, result.target, env, extra=[str(run_file)])
         finally:
             if reference_beside is not None:
                 made = reference_beside.join()
         if made is not None:
-            assert beside is not None
-            _take_beside(result, Path(beside), made, traces, progress)
+            assert beside_outputs is not None
+            _take_beside(result, beside_outputs, made, traces, progress)
     dtype = Trace(result.target).run.dtype.removeprefix("torch.")
     if not result.reference_beside:
         progress(f"tracing the reference (hf, {dtype} and float32, teacher-forced)")
@@ -165,13 +166,13 @@ class _Beside:
         return None if self.failed else self.made
 
 
-def _take_beside(result: CaptureResult, run_dir: Path, made: tuple[Path, Path], traces: Path,
+def _take_beside(result: CaptureResult, outputs: EngineOutputs, made: tuple[Path, Path], traces: Path,
                  progress: Progress) -> None:
-    """Score ``run_dir``'s run from the reference made on its tokens; keep it as the reference when the target fed
-    the same tokens; remove the rest."""
+    """Score the run of ``outputs`` from the reference made on its tokens; keep it as the reference when the target
+    fed the same tokens; remove the rest."""
     try:
         low, high = Trace(made[0]), Trace(made[1])
-        result.beside_scores = scores_from_traces(EngineOutputs.load(run_dir), low, high)
+        result.beside_scores = scores_from_traces(outputs, low, high)
         same = _same_fed_tokens(low.run, Trace(result.target).run)
     except EkkaError:                              # an incomplete trace: the reference runs again after the engine
         same = False
