@@ -612,3 +612,28 @@ def test_attention_probabilities_are_not_stored_and_the_attention_output_is(tmp_
     assert attn.outputs[1] == "attention probabilities [1, 2, 5, 5]: not stored"
     with __import__("safetensors").safe_open(str(next(tmp_path.glob("shard-*.safetensors"))), "pt") as f:
         assert not any(f.get_slice(k).get_shape()[-2:] == [5, 5] for k in f.keys())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_sums_equal_the_sums_written_out_over_several_blocks(monkeypatch, dtype):
+    """The blocked, buffer-reusing sums are Σw, Σw², Σ(i+j)·w of the bf16-rounded values, written here as whole-tensor
+    float64 expressions; a block of 64 values cuts every tensor (and a [3, 40] one mid-way through its rows)."""
+    from ekka_core.capture import hooks
+
+    monkeypatch.setattr(hooks, "_SUM_BLOCK", 64)
+    g = torch.Generator().manual_seed(3)
+    params = [torch.randn(37, 19, generator=g).to(dtype), torch.randn(3, 40, generator=g).to(dtype),
+              torch.randn(50, generator=g).to(dtype) + 1]
+    s1 = s2 = order = 0.0
+    for p in params:
+        w = p.to(torch.bfloat16).double().reshape(p.shape[0], -1)
+        i = torch.arange(w.shape[0], dtype=torch.float64)[:, None]
+        j = torch.arange(w.shape[1], dtype=torch.float64)[None, :]
+        s1, s2, order = s1 + float(w.sum()), s2 + float((w * w).sum()), order + float(((i + j) * w).sum())
+    got = hooks.weight_sums(params)
+    span = float(sum(sum(p.shape) for p in params))
+    assert got[3] == span and got[:3] == pytest.approx([s1, s2, order], rel=1e-12, abs=1e-9)
+    # A parameter of more than two dimensions leaves the order out; the first two sums stay.
+    stacked = torch.randn(2, 5, 7, generator=g).to(dtype)
+    w = stacked.to(torch.bfloat16).double()
+    assert hooks.weight_sums([stacked]) == pytest.approx([float(w.sum()), float((w * w).sum())], rel=1e-12)
