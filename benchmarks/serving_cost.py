@@ -90,7 +90,7 @@ def main() -> int:
             print(f"{title}: failed\n{stderr[-2000:]}")
             return 1
         rows.append((title, case, {**json.loads(stdout.strip().splitlines()[-1]),
-                                   "peak_rss_mb": round(peak.stop() / 2**20)}))
+                                   "peak_rss_mb": round(peak.stop()[0] / 2**20)}))
         print(title, rows[-1][2], flush=True)
     cold = {case: r["seconds"] for title, case, r in rows if "(cold)" in title}
     print("\n| part | case | s | × the case's cold served run | peak RSS MB (process tree) | untraced runs | trials "
