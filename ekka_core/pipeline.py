@@ -49,7 +49,7 @@ from ekka_core.contracts.serving import TRACEABLE_FACTORS, EngineOutputs, Sympto
 from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.report import build_report, write_report
 from ekka_core.symptom import check_symptom
-from ekka_core.triage import compile_backend_words, differing_factors, triage
+from ekka_core.triage import compile_backend_words, differing_factors, kept_as_served, triage
 
 Progress = Callable[[str, str], None]   # (stage, message)
 
@@ -244,19 +244,24 @@ class _Run:
         traced_outputs = EngineOutputs.load(Path(self.meta.traces) / "target")
         differing, ruled_out = differing_factors(serving.served.outputs, traced_outputs)
         resolved = serving.served.outputs.resolved
+        # The same computation for these requests whatever a trial keeps, and part of vLLM's compile cache key.
+        as_served = kept_as_served(ruled_out)
         trials: list[int] = []
+
+        def trial_args(keep: list[str]) -> dict[str, Any]:
+            return configuration(serving.served_args, resolved, [*keep, *as_served])[0]
 
         def run_trial(keep: list[str]) -> tuple[SymptomCheck | None, Trial]:
             trials.append(1)
-            args, _ = configuration(serving.served_args, resolved, keep)
             label = f"trial {len(trials)}: baseline + {', '.join(keep) or 'nothing'}"
-            check, trial, _run = self._trial(args, label, keep, f"trial-{'+'.join(sorted(keep))}")
+            check, trial, _run = self._trial(trial_args(keep), label, keep, f"trial-{'+'.join(sorted(keep))}")
             return check, trial
 
         result = triage(served_check, traced_check, differing, ruled_out, run_trial)
+        result.kept_as_served = as_served
         serving.triage = self.evidence.triage = result
         if "compilation" in result.culprit:
-            culprit_args, _ = configuration(serving.served_args, resolved, result.culprit)
+            culprit_args = trial_args(result.culprit)
             self._narrow_compilation(result, culprit_args)
             if result.direction == "served-diverges":
                 self._localise_in_graph(result, culprit_args)
@@ -289,7 +294,8 @@ class _Run:
             return None, Trial(factors, args, None, None, error=str(e)), None
         check = check_symptom(trial_run.outputs, trial_run.scores, threshold=self.spec.threshold, label=label)
         self._say(check.words())
-        return check, Trial(factors, args, check.ratio, check.diverges, seconds=trial_run.outputs.seconds), trial_run
+        return check, Trial(factors, args, check.ratio, check.diverges, seconds=trial_run.outputs.seconds,
+                            compiled_graph=trial_run.outputs.resolved.get("compile_cache") or ""), trial_run
 
     def _narrow_compilation(self, result: Triage, culprit_args: dict[str, Any]) -> None:
         """Hooks cannot see into a compiled graph; narrow it as far as the engine allows: the culprit configuration

@@ -156,6 +156,8 @@ class Trial:
     diverges: bool | None            # None: the configuration could not run (error says why)
     seconds: float = 0.0
     error: str | None = None
+    # A compiled configuration's graph: "loaded" from vLLM's compile cache or "compiled" in the trial ("": eager)
+    compiled_graph: str = ""
 
 
 @dataclass
@@ -173,6 +175,8 @@ class Triage:
     # the factors that differ (and were not ruled out)
     differing: dict[str, FactorDifference] = field(default_factory=dict)
     ruled_out: dict[str, str] = field(default_factory=dict)     # factor → why it cannot matter here
+    # ruled-out factors every trial keeps at their served values (the same computation for these requests)
+    kept_as_served: list[str] = field(default_factory=list)
     trials: list[Trial] = field(default_factory=list)
     culprit: list[str] = field(default_factory=list)            # minimal set of factors (delta debugging)
     direction: str = "served-diverges"                          # or "traced-diverges", "both", "neither"

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ekka_core.contracts.report import Report, ServingSection, fmt_ratio
-from ekka_core.contracts.serving import FACTORS, SymptomCheck, Trial
+from ekka_core.contracts.serving import FACTORS, SymptomCheck, Trial, Triage
 from ekka_core.sources import short_path
 
 
@@ -40,6 +40,16 @@ def _trial_name(t: Trial) -> str:
 
 def _trial_outcome(t: Trial) -> str:
     return t.error if t.error else ("yes" if t.diverges else "no")
+
+
+def _trial_graph(t: Trial) -> str:
+    return {"loaded": "loaded from the compile cache", "compiled": "compiled"}.get(t.compiled_graph, "—")
+
+
+def _ruled_out_words(triage: Triage, factor: str, why: str) -> str:
+    kept = ("; every trial keeps its served value (the same computation for these requests, and part of vLLM's "
+            "compile cache key)") if factor in triage.kept_as_served else ""
+    return f"{FACTORS.get(factor, factor)}: ruled out — {why}{kept}"
 
 
 def _compile_cache_words(resolved: dict) -> str:
@@ -70,12 +80,13 @@ def serving_markdown(report: Report) -> list[str]:
                 lines.append("Served features that differ from the traced baseline: " + ", ".join(
                     f"{FACTORS.get(f, f)} ({v.baseline!r} → {v.served!r})" for f, v in triage.differing.items()))
             for f, why in triage.ruled_out.items():
-                lines.append(f"- {FACTORS.get(f, f)}: ruled out — {why}")
+                lines.append(f"- {_ruled_out_words(triage, f, why)}")
             if triage.trials:
-                lines += ["", "| configuration tried | logits-level ratio | diverges | s |", "|---|---|---|---|"]
+                lines += ["", "| configuration tried | logits-level ratio | diverges | s | compiled graph |",
+                          "|---|---|---|---|---|"]
                 for t in triage.trials:
                     lines.append(f"| {_trial_name(t)} | {fmt_ratio(t.ratio)} | {_trial_outcome(t)} | "
-                                 f"{t.seconds:.0f} |")
+                                 f"{t.seconds:.0f} | {_trial_graph(t)} |")
             if triage.culprit:
                 lines.append("")
                 lines.append(f"Culprit: {', '.join(triage.culprit)}"
@@ -115,12 +126,16 @@ def serving_html(report: Report) -> str:
         triage = serving.triage
         if triage:
             parts.append(f"<h3>Configuration triage</h3><p>{html.escape(triage.words)}</p>")
+            if triage.ruled_out:
+                parts.append("<ul>" + "".join(f"<li>{html.escape(_ruled_out_words(triage, f, why))}</li>"
+                                              for f, why in triage.ruled_out.items()) + "</ul>")
             if triage.trials:
                 rows = "".join(
                     f"<tr><td>{html.escape(_trial_name(t))}</td><td>{fmt_ratio(t.ratio)}</td>"
-                    f"<td>{html.escape(_trial_outcome(t))}</td></tr>" for t in triage.trials)
+                    f"<td>{html.escape(_trial_outcome(t))}</td><td>{t.seconds:.0f}</td>"
+                    f"<td>{html.escape(_trial_graph(t))}</td></tr>" for t in triage.trials)
                 parts.append("<table class='suspects'><tr><th>configuration</th><th>logits-level ratio</th>"
-                             f"<th>diverges</th></tr>{rows}</table>")
+                             f"<th>diverges</th><th>s</th><th>compiled graph</th></tr>{rows}</table>")
     for d in report.inputs_differ:
         parts.append(f"<p>Request {html.escape(str(d.request))}: ids differ from token "
                      f"{d.position}.<br>engine: <code>{html.escape(str(d.target_tokens))}</code><br>"

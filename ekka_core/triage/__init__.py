@@ -8,10 +8,12 @@ diverge (or, the other way round, that added to the baseline makes it clean). Ea
 scored against the reference; the caller supplies it, so this module stays an algorithm with no engine in it.
 
 Factors that cannot matter for these requests are ruled out before any trial, with the reason (no request hit the
-prefix cache; every wave's prompts fit one chunk; every wave holds one request).
+prefix cache; every wave's prompts fit one chunk; every wave holds one request); those ruled out by the waves alone
+keep their served values in every trial (:func:`kept_as_served`). Cheaper trials (eager) run before dearer ones
+(compiled) wherever delta debugging leaves the order free.
 """
 
-from ekka_core.triage.factors import compile_backend_words, differing_factors
+from ekka_core.triage.factors import compile_backend_words, differing_factors, kept_as_served
 from ekka_core.triage.search import RunTrial, triage
 
-__all__ = ["RunTrial", "compile_backend_words", "differing_factors", "triage"]
+__all__ = ["RunTrial", "compile_backend_words", "differing_factors", "kept_as_served", "triage"]

@@ -30,6 +30,21 @@ def differing_factors(served: EngineOutputs, traced: EngineOutputs
     return differing, ruled_out
 
 
+# Ruled-out factors whose served value computes what the baseline's does in *every* trial, not only beside the
+# served run's other features: each is ruled out by the waves alone (every wave's prompts fit one chunk of the served
+# budget; one request per wave), whatever the other factors are. Every trial keeps their served values, because vLLM's
+# compile cache key includes both (``max_num_batched_tokens`` and ``max_num_seqs``: SchedulerConfig.compute_hash):
+# with the baseline's values a trial that keeps compilation compiled a graph of its own (0.62× a cold served run,
+# measured), with the served ones it loads the graph the served run compiled. A ruled-out prefix cache is not one of
+# them: run one request at a time, a trial could hit the cache where the batched served run did not.
+SAME_IN_EVERY_TRIAL = ("chunked_prefill", "batching")
+
+
+def kept_as_served(ruled_out: dict[str, str]) -> list[str]:
+    """The ruled-out factors every trial keeps as served (:data:`SAME_IN_EVERY_TRIAL`)."""
+    return [f for f in SAME_IN_EVERY_TRIAL if f in ruled_out]
+
+
 def compile_backend_words(eager_backend: SymptomCheck, backend_ran: str | None) -> str:
     """What the culprit configuration run with torch.compile's ``eager`` backend (Dynamo captures the same graphs,
     Inductor generates no code) says about where inside compilation the difference is — nothing, when the engine

@@ -371,6 +371,7 @@ export interface Triage {
   baseline: SymptomCheck;
   differing?: Record<string, FactorDifference>;
   ruled_out?: Record<string, string>;
+  kept_as_served?: string[];
   trials?: Trial[];
   culprit?: string[];
   direction?: string;
@@ -387,6 +388,7 @@ export interface Trial {
   diverges: boolean | null;
   seconds?: number;
   error?: string | null;
+  compiled_graph?: string;
 }
 
 export interface Unchecked {

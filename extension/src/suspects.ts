@@ -262,10 +262,13 @@ function trialNode(jobId: string, id: string, label: string, t: Trial, culprit: 
   const outcome = failed
     ? `could not run: ${t.error}`
     : `logits-level ratio ${formatRatio(t.ratio)}× — ${t.diverges ? "diverges" : "matches the reference"}`;
+  const graph = t.compiled_graph === "loaded" ? "compiled graph: loaded from vLLM's compile cache"
+    : t.compiled_graph === "compiled" ? "compiled graph: compiled in this trial" : "";
   const tooltip = [
     `${label}: ${outcome}${secs ? ` (${secs.slice(" · ".length)})` : ""}`,
     culprit ? "The culprit: the smallest set of served features that makes the difference." : "",
     t.args ? `engine arguments: ${formatArgs(t.args)}` : "",
+    graph,
   ];
   return {
     kind: "servingTrial", id: `${jobId}/serving/trials/${id}`, label, description,
@@ -332,7 +335,9 @@ export function servingNodes(update: Pick<ReportUpdated, "jobId" | "report">): S
       const label = `baseline + ${factors.length ? factors.join(", ") : "nothing"}`;
       rows.push(trialNode(jobId, String(i), label, t, culprit.length > 0 && sameSet(factors, culprit)));
     });
-    const ruledOut = Object.entries(triage.ruled_out ?? {}).map(([f, why]) => `${f}: ruled out — ${why}`);
+    const keptAsServed = triage.kept_as_served ?? [];
+    const ruledOut = Object.entries(triage.ruled_out ?? {}).map(([f, why]) =>
+      `${f}: ruled out — ${why}` + (keptAsServed.includes(f) ? "; every trial keeps its served value" : ""));
     const n = triage.trials?.length ?? 0;
     const tried = n ? `${n} trial${n === 1 ? "" : "s"}` : "served and baseline";
     kids.push({

@@ -79,6 +79,21 @@ describe("served configuration node", () => {
     assert.equal(new Set(ids).size, ids.length);
   });
 
+  test("a trial says whether its compiled graph was loaded or compiled; ruled-out factors kept as served say so", () => {
+    const kept = structuredClone(serving);
+    kept.triage!.ruled_out = { batching: "every wave holds a single request" };
+    kept.triage!.kept_as_served = ["batching"];
+    kept.triage!.trials = [
+      { factors: ["compilation"], args: {}, ratio: 1.0, diverges: false, seconds: 4.1, compiled_graph: "loaded" },
+      { factors: ["custom_ops"], args: {}, ratio: 1.0, diverges: false, seconds: 3.0, compiled_graph: "" },
+    ];
+    const tried = suspects.servingNodes(withServing(kept))[0].children.find((c) => c.kind === "servingTrials")!;
+    assert.match(tried.tooltip!, /batching: ruled out — every wave holds a single request; every trial keeps its served value/);
+    const [compiled, eager] = tried.children.slice(2);
+    assert.match(compiled.tooltip!, /compiled graph: loaded from vLLM's compile cache/);
+    assert.doesNotMatch(eager.tooltip!, /compiled graph/);
+  });
+
   test("a trial that could not run says so", () => {
     const failed = structuredClone(serving);
     failed.triage!.trials = [{ factors: ["prefix_caching"], args: {}, ratio: null, diverges: null, seconds: 0, error: "engine failed: OOM" }];

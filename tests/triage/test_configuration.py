@@ -195,3 +195,42 @@ def test_the_eager_backend_trial_narrows_compilation_only_when_the_engine_ran_th
     ignored = compile_backend_words(diverges, "inductor")
     assert "compiled with inductor although the eager backend was asked for" in ignored
     assert "graph capture" not in ignored
+
+
+def test_ddmin_tries_eager_subsets_before_compiled_ones():
+    """Within a round the order is ddmin's free choice: a compiled configuration's trial (its graph compiled or
+    loaded) is dearer than an eager one's, so when an eager subset settles the round none compiles."""
+    seen = []
+
+    def test(subset):
+        seen.append(subset)
+        return "prefix_caching" in subset
+
+    assert _ddmin(list(FACTORS), test) == ["prefix_caching"]
+    assert not any("compilation" in s for s in seen), seen
+    assert len(seen) == 2
+
+
+def test_factors_ruled_out_by_the_waves_keep_their_served_values_in_every_trial():
+    """A wave-only ruling (prompts fit one chunk; one request per wave) holds in every trial, and the scheduler
+    limits are in vLLM's compile cache key: a trial that keeps compilation and them computes the served graph."""
+    from vllm.config import SchedulerConfig
+
+    from ekka_core.triage import kept_as_served
+
+    _, ruled = differing_factors(_outputs(COMPILED), _outputs(EAGER))
+    assert kept_as_served(ruled) == ["chunked_prefill", "batching"]     # not the prefix cache: see SAME_IN_EVERY_TRIAL
+    served = {"model": "m"}
+    args, _ = configuration(served, COMPILED, ["compilation", "custom_ops", *kept_as_served(ruled)])
+    assert "max_num_seqs" not in args and "max_num_batched_tokens" not in args
+    assert args["enable_prefix_caching"] is False                      # still the baseline's
+    # the scheduler part of the compile cache key: the trial's equals the served engine's, the baseline's does not
+    resolved = {**COMPILED, "max_num_batched_tokens": 2048}
+
+    def scheduler_hash(a):
+        return SchedulerConfig(max_model_len=512, is_encoder_decoder=False,
+                               max_num_batched_tokens=a.get("max_num_batched_tokens", resolved["max_num_batched_tokens"]),
+                               max_num_seqs=a.get("max_num_seqs", resolved["max_num_seqs"])).compute_hash()
+    baseline_args, _ = configuration(served, resolved, ["compilation", "custom_ops"])
+    assert scheduler_hash(args) == scheduler_hash({})
+    assert scheduler_hash(baseline_args) != scheduler_hash({})
