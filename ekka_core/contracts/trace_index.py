@@ -7,6 +7,11 @@ index; never pickle::
       index.json               run metadata, token layout of every forward step, every module call in order
       shard-00000.safetensors  tensors, named  c<call>.in<i> / c<call>.out<i>
 
+A float32 tensor may be stored as its bf16-rounded difference from the tensor of the same key in a sibling trace
+(``TensorRef.delta_over``: the fp32 reference over the low-precision reference it is compared with); read back, it
+is that tensor in float32 plus the difference — within 2^-9 of the difference, a 2^-9 error in the noise the error
+ratio measures, at half the bytes.
+
 A *step* is one forward pass of the whole model. Its layout says which (sequence, position) every row of a
 flattened activation belongs to, so the aligner can put prefill and decode rows of a batch back in order.
 A *call* is one module invocation; calls are numbered in completion order (children before parents), which is
@@ -25,7 +30,9 @@ from typing import Any
 
 from ekka_core.contracts.errors import BadInput
 
-SCHEMA = "ekka.trace/1"
+SCHEMA = "ekka.trace/2"
+# Schemas this version reads: /1 had no ``delta_over`` (every tensor stored whole).
+READABLE_SCHEMAS = ("ekka.trace/1", SCHEMA)
 INDEX = "index.json"
 
 
@@ -38,7 +45,10 @@ class TensorRef:
     key: str
     shard: int
     shape: list[int]
-    dtype: str
+    dtype: str                 # the tensor's dtype as computed (a delta-stored float32 tensor says float32)
+    # Stored as ``bf16(this − base)``, base the tensor of the same key in the sibling trace directory of this name
+    # (None: stored whole). Read through :meth:`ekka_core.capture.trace.Trace.tensor`, which adds the base back.
+    delta_over: str | None = None
 
     @property
     def is_float(self) -> bool:
@@ -157,7 +167,7 @@ class TraceIndex:
             raise BadInput(f"{index_path} is not valid JSON ({e})",
                            fix="capture the trace again (--fresh); a trace index is written atomically, so this one "
                                "was edited or truncated by hand") from None
-        if index.get("schema") != SCHEMA:
+        if index.get("schema") not in READABLE_SCHEMAS:
             raise BadInput(f"{index_path} has schema {index.get('schema')!r}, expected {SCHEMA!r}",
                            fix="re-capture with this version of Ekka (`--fresh`)")
         self.run = RunInfo(**index["run"])

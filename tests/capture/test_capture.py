@@ -12,7 +12,7 @@ import torch
 from ekka_core import bugs
 from ekka_core.align import gather_rows
 from ekka_core.capture import capture, load
-from ekka_core.capture.trace import Trace
+from ekka_core.capture.trace import SCHEMA, Trace
 from ekka_core.contracts.errors import BadInput, InternalFailure
 from ekka_core.mapping import Endpoint
 from ekka_core.contracts.spec import DiagnosisSpec
@@ -86,7 +86,7 @@ def test_decode_positions_line_up_with_the_teacher_forced_reference(llama_traces
 def test_trace_round_trips_through_the_loader(llama_traces):
     _, _, out = llama_traces
     index = json.loads((out / "traces/target/index.json").read_text())
-    assert index["schema"] == "ekka.trace/1"
+    assert index["schema"] == SCHEMA
     assert not list((out / "traces").rglob("*.pkl")) and not list((out / "traces").rglob("*.pt"))
     # Every tensor the loader returns is the bytes in its shard, read here with safetensors itself.
     from safetensors import safe_open

@@ -34,7 +34,7 @@ from ekka_core.align import Traces, gather_rows, prove_alignment
 from ekka_core.capture import hf_runner, sglang_runner, sglang_tracing
 from ekka_core.capture.rows import RowLedger
 from ekka_core.capture.sglang_tracing import BatchLayout, batch_layout
-from ekka_core.capture.trace import TensorRef, Trace
+from ekka_core.capture.trace import SCHEMA, TensorRef, Trace
 from ekka_core.contracts.errors import BadInput, InternalFailure
 from ekka_core.mapping import Endpoint
 from ekka_core.contracts.spec import DiagnosisSpec
@@ -373,7 +373,7 @@ def test_module_calls_are_sglang_shaped(sglang_run):
 
 def test_trace_round_trips_through_the_loader(sglang_run):
     index = json.loads((sglang_run.out / "target" / "index.json").read_text())
-    assert index["schema"] == "ekka.trace/1" and index["run"]["framework"] == "sglang"
+    assert index["schema"] == SCHEMA and index["run"]["framework"] == "sglang"
     assert not list(sglang_run.out.rglob("*.pkl")) and not list(sglang_run.out.rglob("*.pt"))
     again = Trace(sglang_run.out / "target")
     refs = [r for c in again.calls[:50] for r in c.outputs if isinstance(r, TensorRef)]

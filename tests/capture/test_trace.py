@@ -637,3 +637,40 @@ def test_weight_sums_equal_the_sums_written_out_over_several_blocks(monkeypatch,
     stacked = torch.randn(2, 5, 7, generator=g).to(dtype)
     w = stacked.to(torch.bfloat16).double()
     assert hooks.weight_sums([stacked]) == pytest.approx([float(w.sum()), float((w * w).sum())], rel=1e-12)
+
+
+def test_shard_buffers_pack_any_dtype_and_layout_into_standard_safetensors_shards(tmp_path):
+    """Tensors are copied once into a reused shard buffer, packed with no holes (a pad entry where the next element
+    size needs one); a tensor larger than a buffer is a shard of its own; every shard is a standard safetensors file
+    and every tensor reads back bit for bit, whatever its layout, dtype or size."""
+    from safetensors import safe_open
+
+    torch.manual_seed(0)
+    base = torch.randn(6, 10)
+    tensors = {
+        "odd_bool": torch.tensor([True, False, True]),                 # 3 bytes: the next tensor needs a pad
+        "bf16_odd": torch.randn(5).to(torch.bfloat16),                 # 10 bytes
+        "f32": torch.randn(7, 3),
+        "strided": base.t()[2:5],                                      # not contiguous
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "i64": torch.arange(9),
+        "big": torch.randn(300),                                       # 1200 bytes: larger than a buffer
+        "after_big": torch.randn(4).to(torch.float16),
+    }
+    w = TraceWriter(tmp_path, RunInfo("vllm", "0", "target", "m", "float32"), shard_bytes=256)
+    refs = {k: w.add_tensor(k, t) for k, t in tensors.items()}
+    w.close(complete=True)
+    trace = Trace(tmp_path)
+    for k, t in tensors.items():
+        got = trace.tensor(refs[k])
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), k
+    shards = sorted(tmp_path.glob("shard-*.safetensors"))
+    assert len({r.shard for r in refs.values()}) == len(shards) >= 3
+    assert refs["big"].shard not in {refs[k].shard for k in tensors if k != "big"}
+    for shard in shards:                  # the file safetensors itself validates: no holes, offsets in bounds
+        with safe_open(str(shard), framework="pt") as f:
+            for key in f.keys():
+                f.get_tensor(key)
+    with safe_open(str(tmp_path / f"shard-{refs['bf16_odd'].shard:05d}.safetensors"), framework="pt") as f:
+        assert any(key.startswith("__pad") for key in f.keys())

@@ -1,0 +1,161 @@
+"""How much of the reference's weights is resident while it runs beside an engine (issue 25: a diagnosis's peak memory
+at most 1.5× a served run's).
+
+The reference loads the checkpoint twice — in the engine's low precision and in fp32 — on a machine the engine shares.
+What it holds is kept to what it computes with, never by changing a value:
+
+* :func:`stored_float_dtype` — the dtype a checkpoint stores its floating tensors in (its safetensors headers).
+* :func:`loading_by_pread` — a scope in which Transformers reads each checkpoint tensor with ``pread`` instead of
+  mapping the whole file. Used when the run's dtype differs from the stored one, so that every tensor is converted
+  (copied) anyway: mapped, every page of the file touched while converting stayed resident until the load ended —
+  a 1B-shaped model's fp32 checkpoint loaded in bf16 peaked at 5.9 GB, read by ``pread`` at 2.4 GB (measured).
+* :func:`release_after_forward` — for a model loaded in the stored dtype, whose weights are zero-copy views of the
+  mapped checkpoint: each module's own weights are let go (``madvise(MADV_DONTNEED)``) once its forward has used
+  them. They stay in the page cache; a later use maps them again from there. Otherwise the fp32 reference of that
+  model held all 4 GB mapped to the end of its forward. Only pages that are still the file's are let go (the
+  process's page map says so): a page something wrote into is private memory, and letting it go would lose it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+# safetensors' dtype names → torch dtypes (the floating ones a checkpoint stores weights in).
+_STORED = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def stored_float_dtype(model: str) -> torch.dtype | None:
+    """The dtype most of a local checkpoint's floating bytes are stored in (None: no safetensors files to read)."""
+    weight: Counter[torch.dtype] = Counter()
+    for path in sorted(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []:
+        try:
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+        except (OSError, ValueError):
+            continue
+        for name, entry in header.items():
+            dtype = _STORED.get(entry.get("dtype")) if name != "__metadata__" else None
+            if dtype is not None:
+                start, end = entry["data_offsets"]
+                weight[dtype] += end - start
+    return weight.most_common(1)[0][0] if weight else None
+
+
+@contextlib.contextmanager
+def loading_by_pread() -> Iterator[None]:
+    """Transformers' checkpoint reads, inside this scope, by ``pread`` (safetensors' ``backend="pread"``) rather than
+    a mapping of the whole file. Where this Transformers release opens checkpoints otherwise, nothing changes (the
+    load maps the file, as before: more memory, the same values)."""
+    try:
+        import transformers.modeling_utils as modeling
+    except ImportError:
+        yield
+        return
+    original = getattr(modeling, "safe_open", None)
+    if original is None:
+        yield
+        return
+
+    def safe_open(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("backend", "mmap") == "mmap":
+            kwargs["backend"] = "pread"
+        return original(*args, **kwargs)
+
+    modeling.safe_open = safe_open
+    try:
+        yield
+    finally:
+        modeling.safe_open = original
+
+
+def release_after_forward(model: nn.Module) -> int:
+    """After each forward of a module that owns parameters mapped from a file, let go of their pages that are still
+    the file's. Returns how many modules were hooked (0 where no parameter is mapped from a file: memory the process
+    owns is never let go)."""
+    if not _PAGES.available:
+        return 0
+    files = _file_mappings()
+    hooked = 0
+    for module in model.modules():
+        own = [p for p in module.parameters(recurse=False)
+               if p.device.type == "cpu" and p.numel() and _within(files, p)]
+        if own:
+            module.register_forward_hook(_Release(own))
+            hooked += 1
+    return hooked
+
+
+class _Release:
+    """A forward hook letting go of some parameters' file pages (returns None: the module's output stands)."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+
+    def __call__(self, _module: nn.Module, _args: Any, _output: Any) -> None:
+        for p in self.params:
+            _PAGES.release(p)
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of regular files (``/proc/self/maps`` lines with a path)."""
+    ranges = []
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+    except OSError:
+        pass
+    return ranges
+
+
+def _within(ranges: list[tuple[int, int]], t: torch.Tensor) -> bool:
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    return t.is_contiguous() and any(lo <= start and end <= hi for lo, hi in ranges)
+
+
+class _PageMap:
+    """``madvise`` through libc and the process's own page map (``/proc/self/pagemap``: 8 bytes a page; bit 63 the
+    page is present, bit 61 it is a file page — a page written into a private file mapping is not)."""
+
+    PRESENT, FILE = 1 << 63, 1 << 61
+    MADV_DONTNEED = 4
+
+    def __init__(self) -> None:
+        self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        try:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            self.libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            self.pagemap = open("/proc/self/pagemap", "rb", buffering=0)   # noqa: SIM115 - held for the process
+            self.available = True
+        except (OSError, AttributeError):
+            self.available = False
+
+    def release(self, t: torch.Tensor) -> None:
+        """Let go of the whole pages inside ``t``'s bytes, unless one of them holds something the process wrote."""
+        start = t.data_ptr()
+        first = -(-start // self.page) * self.page
+        length = (start + t.numel() * t.element_size()) // self.page * self.page - first
+        if length <= 0:
+            return
+        self.pagemap.seek(first // self.page * 8)
+        entries = np.frombuffer(self.pagemap.read(length // self.page * 8), dtype=np.uint64)
+        written = (entries & np.uint64(self.PRESENT)).astype(bool) & ~(entries & np.uint64(self.FILE)).astype(bool)
+        if len(entries) == length // self.page and not written.any():
+            self.libc.madvise(first, length, self.MADV_DONTNEED)
+
+
+_PAGES = _PageMap()
