@@ -1,0 +1,101 @@
+"""The reference holds only what it computes with (:mod:`ekka_core.capture.residency`), and computes exactly what
+``from_pretrained(dtype=…)`` computes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ekka_core.capture.hf_runner import load_model
+from ekka_core.capture.residency import loading_by_pread, release_after_forward, stored_float_dtype
+
+IDS = torch.tensor([[5, 17, 3, 99, 42, 7, 1, 300, 12, 64]])
+
+
+def _mapped_rss_kb(path: Path) -> int:
+    """This process's resident kB of its mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_the_stored_dtype_is_read_from_the_safetensors_headers(zoo_model, tmp_path):
+    assert stored_float_dtype(str(zoo_model("llama"))) == torch.float32          # the zoo saves fp32
+    save_file({"w": torch.zeros(64, dtype=torch.bfloat16), "ids": torch.zeros(4, dtype=torch.int64)},
+              tmp_path / "model.safetensors")
+    assert stored_float_dtype(str(tmp_path)) == torch.bfloat16
+    assert stored_float_dtype(str(tmp_path / "missing")) is None
+
+
+def test_released_weights_compute_the_same_and_leave_the_mapping(zoo_model, monkeypatch):
+    """fp32 from an fp32 checkpoint: the weights are views of the mapped file; let go after each module's forward,
+    the logits are bit for bit those of a model that kept them, and the file's pages are no longer resident."""
+    from ekka_core.capture import hf_runner
+
+    model_dir = zoo_model("llama", hidden_size=512, intermediate_size=2048)
+    released = load_model(str(model_dir), torch.float32)
+    with monkeypatch.context() as m:          # the same load without letting go: a model that keeps its pages
+        m.setattr(hf_runner, "release_after_forward", lambda model: 0)
+        kept = load_model(str(model_dir), torch.float32)
+    checkpoint = next(model_dir.glob("*.safetensors"))
+    with torch.no_grad():
+        want = kept(input_ids=IDS).logits
+        before = _mapped_rss_kb(checkpoint)
+        got = released(input_ids=IDS).logits
+    assert torch.equal(got, want)
+    size_kb = checkpoint.stat().st_size // 1024
+    assert before >= 0.9 * size_kb                       # the model that kept its weights holds the whole file
+    assert _mapped_rss_kb(checkpoint) - before < 0.1 * size_kb    # the released one added almost nothing
+
+
+def test_a_page_written_since_it_was_mapped_is_never_let_go(zoo_model):
+    """A weight something wrote into is private memory: letting its pages go would bring back the file's values."""
+    model_dir = zoo_model("llama")
+    model = load_model(str(model_dir), torch.float32)
+    weight = model.model.layers[0].mlp.down_proj.weight
+    with torch.no_grad():
+        weight.add_(1.0)                                 # copy-on-write: these pages are the process's now
+        written = weight.clone()
+        model(input_ids=IDS)
+    assert torch.equal(weight, written)
+
+
+def test_no_file_mapping_nothing_hooked():
+    assert release_after_forward(torch.nn.Linear(4, 4)) == 0
+
+
+def test_loading_by_pread_loads_the_same_weights_and_restores_the_loader(zoo_model):
+    import transformers.modeling_utils as modeling
+    from transformers import AutoModelForCausalLM
+
+    model_dir = str(zoo_model("llama"))
+    original = modeling.safe_open
+    mapped = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    with loading_by_pread():
+        assert modeling.safe_open is not original
+        read = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    assert modeling.safe_open is original
+    a, b = mapped.state_dict(), read.state_dict()
+    assert a.keys() == b.keys()
+    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("lean", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_load_model_is_from_pretrained(zoo_model, dtype, lean):
+    """What the reference runs is from_pretrained's model whatever the residency: the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = str(zoo_model("llama"))
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").eval()
+    with torch.no_grad():
+        got = load_model(model_dir, dtype, lean=lean)(input_ids=IDS).logits
+        assert torch.equal(got, plain(input_ids=IDS).logits)
