@@ -9,6 +9,7 @@ independently of the tracer (by recomputing the forward by hand), never copied f
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -674,3 +675,42 @@ def test_shard_buffers_pack_any_dtype_and_layout_into_standard_safetensors_shard
                 f.get_tensor(key)
     with safe_open(str(tmp_path / f"shard-{refs['bf16_odd'].shard:05d}.safetensors"), framework="pt") as f:
         assert any(key.startswith("__pad") for key in f.keys())
+
+
+def test_fp32_tensors_are_stored_over_the_low_precision_trace_within_2e_9_of_the_noise(tmp_path):
+    """The fp32 reference's tensors are stored as bf16-rounded differences from the low-precision reference's tensor
+    of the same key and module: read back, each is within 2^-9 of that difference (the noise the error ratio divides
+    by), at half the bytes; a tensor the base holds for another module, or with another shape, is stored whole; a
+    trace whose base went missing says so."""
+    from ekka_core.contracts.errors import BadInput
+    from ekka_core.contracts.trace_index import ModuleCall
+
+    torch.manual_seed(0)
+    y = {"c0.out0": torch.randn(64, 32), "c1.out0": torch.randn(64, 32), "c2.out0": torch.randn(8, 8) * 40}
+    x = {k: v.to(torch.bfloat16) for k, v in y.items()}
+    x["c2.out0"] = x["c2.out0"][:4]                       # another shape in the base: not a difference
+    modules = {"c0.out0": "a", "c1.out0": "b", "c2.out0": "c"}
+
+    def write(directory, tensors, *, dtype, owners, base=None):
+        w = TraceWriter(directory, RunInfo("hf", "0", "reference", "m", dtype), delta_base=base)
+        for i, (key, t) in enumerate(tensors.items()):
+            ref = w.add_tensor(key, t, owners[key])
+            w.calls.append(ModuleCall(index=i, step=0, module=owners[key], cls="X", qualname="X", class_file=None,
+                                      class_line=None, forward_file=None, forward_line=None, outputs=[ref]))
+        w.close(complete=True)
+
+    write(tmp_path / "reference", x, dtype="bfloat16", owners=modules)
+    write(tmp_path / "reference-fp32", y, dtype="float32", owners={**modules, "c1.out0": "not-b"},
+          base=tmp_path / "reference")
+    high, low = Trace(tmp_path / "reference-fp32"), Trace(tmp_path / "reference")
+    refs = high.refs_by_key()
+    assert refs["c0.out0"].delta_over == "reference" and refs["c0.out0"].dtype == "float32"
+    assert refs["c1.out0"].delta_over is None and refs["c2.out0"].delta_over is None
+    back = high.tensor(refs["c0.out0"])
+    noise = y["c0.out0"] - x["c0.out0"].float()
+    assert back.dtype == torch.float32 and bool(((back - y["c0.out0"]).abs() <= noise.abs() * 2**-8).all())
+    assert torch.equal(high.tensor(refs["c1.out0"]), y["c1.out0"]) and torch.equal(high.tensor(refs["c2.out0"]), y["c2.out0"])
+    assert low.tensor(low.refs_by_key()["c0.out0"]).dtype == torch.bfloat16
+    shutil.rmtree(tmp_path / "reference")
+    with pytest.raises(BadInput, match="which is missing"):
+        Trace(tmp_path / "reference-fp32").tensor(refs["c0.out0"])
