@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ekka_core.capture.hooks import ModuleTracer, tracer_for
-from ekka_core.capture.residency import loading_by_pread, release_after_forward, stored_float_dtype
+from ekka_core.capture.residency import letting_go_while_loading, release_after_forward, stored_float_dtype
 from ekka_core.capture.scores import scored_request
 from ekka_core.capture.trace import RunInfo, TraceWriter
 from ekka_core.contracts.errors import BadInput, InternalFailure
@@ -201,17 +201,15 @@ def _trace_functions(model: Any, tracer: ModuleTracer) -> Any:
     return restore
 
 
-def load_model(model: str, dtype: torch.dtype, *, lean: bool = False) -> Any:
+def load_model(model: str, dtype: torch.dtype) -> Any:
     """The reference model in ``dtype``, exactly as ``from_pretrained(dtype=…)`` makes it, holding no more memory than
-    it computes with (:mod:`~ekka_core.capture.residency`): where the weights are views of the mapped checkpoint (it
-    stores ``dtype``), each module's are let go after its forward. ``lean`` (beside an engine, where memory is
-    shared): where every tensor is converted from the stored dtype, it is read by ``pread`` — no mapping of the whole
-    file resident while converting, at the price of a slower load (5.4 s against 1.3 s for the 1B-shaped model's
-    fp32 checkpoint in bf16, measured)."""
+    it computes with (:mod:`~ekka_core.capture.residency`): where every tensor is converted from the stored dtype, the
+    checkpoint's pages are let go as the load reads them; where the weights are views of the mapped checkpoint (it
+    stores ``dtype``), each module's are let go after its forward."""
     from transformers import AutoModelForCausalLM
 
     stored = stored_float_dtype(model)
-    scope = loading_by_pread() if lean and stored is not None and stored != dtype else contextlib.nullcontext()
+    scope = letting_go_while_loading(model) if stored is not None and stored != dtype else contextlib.nullcontext()
     try:
         with scope:
             loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
@@ -225,15 +223,15 @@ def load_model(model: str, dtype: torch.dtype, *, lean: bool = False) -> Any:
 
 def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int], dtype: str, role: str,
         out_dir: Path, *, weight_sums: dict[str, list[float]] | None = None,
-        delta_base: Path | None = None, lean: bool = False) -> dict[str, Any]:
+        delta_base: Path | None = None) -> dict[str, Any]:
     """Trace HF teacher-forced on ``token_ids`` in ``dtype`` into ``out_dir``. ``weight_sums``: those of another run
     of this checkpoint in this process (:func:`~ekka_core.capture.hooks.weight_sums` rounds to bf16 first, so an
     fp32 and a bf16 load of one checkpoint give the same), not computed again. ``delta_base``: the low-precision
     reference's trace of the same tokens, which this (fp32) run's float32 tensors are stored over
-    (:class:`~ekka_core.capture.trace.TraceWriter`). ``lean``: beside an engine (:func:`load_model`)."""
+    (:class:`~ekka_core.capture.trace.TraceWriter`)."""
     import transformers
 
-    model = load_model(spec.model, getattr(torch, dtype), lean=lean)
+    model = load_model(spec.model, getattr(torch, dtype))
 
     current: dict[str, Any] = {}
 

@@ -45,10 +45,8 @@ def main(argv: list[str]) -> int:
             # The low precision first: the fp32 trace is stored over it (its float32 tensors as bf16 differences:
             # half the bytes), and its weight sums serve the fp32 run too (they are of the bf16-rounded values, the
             # same for both copies of one checkpoint).
-            lean = bool(threads)         # beside an engine: the machine's memory is shared with it
-            sums = hf_runner.run(spec, ids, lens, dtype, "reference", out, lean=lean)["weight_sums"]
-            hf_runner.run(spec, ids, lens, "float32", "reference-fp32", fp32_out, weight_sums=sums,
-                          delta_base=out, lean=lean)
+            sums = hf_runner.run(spec, ids, lens, dtype, "reference", out)["weight_sums"]
+            hf_runner.run(spec, ids, lens, "float32", "reference-fp32", fp32_out, weight_sums=sums, delta_base=out)
         elif role == "score":
             from ekka_core.capture import hf_runner
             from ekka_core.contracts.serving import EngineOutputs

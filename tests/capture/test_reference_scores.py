@@ -16,6 +16,7 @@ from ekka_core.contracts.scores import SCORES_FILE, SCORES_SCHEMA, ReferenceScor
 from ekka_core.contracts.serving import EngineOutputs
 from ekka_core.contracts.spec import DiagnosisSpec
 from ekka_core.symptom import check_symptom
+from tests.support.scores import fp32_within_the_noise
 
 pytestmark = pytest.mark.slow
 
@@ -66,5 +67,5 @@ def test_an_engine_run_is_scored_typed_reused_rescored_and_matches_its_traces(zo
     from_traces = scores_from_traces(outputs, reference, reference_fp32)
     scored = score_run(spec, captured.target)
     assert from_traces is not None and from_traces.own_prompt_token_ids == scored.own_prompt_token_ids
-    assert _same(from_traces.low, scored.low) and _same(from_traces.fp32, scored.fp32)
+    assert _same(from_traces.low, scored.low) and fp32_within_the_noise(from_traces.fp32, scored.fp32, scored.low)
     assert from_traces.routing_ties == scored.routing_ties == {}

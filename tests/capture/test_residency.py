@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from ekka_core.capture.hf_runner import load_model
-from ekka_core.capture.residency import loading_by_pread, release_after_forward, stored_float_dtype
+from ekka_core.capture.residency import letting_go_while_loading, release_after_forward, stored_float_dtype
 
 IDS = torch.tensor([[5, 17, 3, 99, 42, 7, 1, 300, 12, 64]])
 
@@ -72,30 +72,51 @@ def test_no_file_mapping_nothing_hooked():
     assert release_after_forward(torch.nn.Linear(4, 4)) == 0
 
 
-def test_loading_by_pread_loads_the_same_weights_and_restores_the_loader(zoo_model):
-    import transformers.modeling_utils as modeling
+def test_a_mapped_checkpoint_is_let_go_but_never_what_was_written_into_it(tmp_path):
+    """What :func:`letting_go_while_loading` does every interval: the file's pages leave this process (the page cache
+    keeps them: reading again gives the same bytes), except a page the process wrote into a private mapping."""
+    import mmap
+
+    from ekka_core.capture.residency import _PAGES
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(bytes(range(256)) * (64 << 10))                # 16 MB
+    with open(path, "rb") as f:
+        shared = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        private = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    first = bytes(shared[:256])
+    for i in range(0, len(shared), 4096):                            # every page read: resident
+        shared[i]
+    assert _mapped_rss_kb(path) >= 16 << 10
+    _PAGES.release_mappings({str(path)})
+    assert _mapped_rss_kb(path) < 1 << 10 and bytes(shared[:256]) == first
+    private[5] = 77                                                  # copy-on-write: that page is the process's
+    _PAGES.release_mappings({str(path)})
+    assert private[5] == 77
+    shared.close()
+    private.close()
+
+
+def test_letting_go_while_loading_loads_the_same_weights(zoo_model):
+    """bf16 from an fp32 checkpoint, its pages let go as the load goes on (continuously here): the same weights."""
     from transformers import AutoModelForCausalLM
 
     model_dir = str(zoo_model("llama"))
-    original = modeling.safe_open
-    mapped = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    with loading_by_pread():
-        assert modeling.safe_open is not original
-        read = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    assert modeling.safe_open is original
-    a, b = mapped.state_dict(), read.state_dict()
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    with letting_go_while_loading(model_dir, every=0.0):
+        lean = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    a, b = plain.state_dict(), lean.state_dict()
     assert a.keys() == b.keys()
     assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("lean", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_load_model_is_from_pretrained(zoo_model, dtype, lean):
+def test_load_model_is_from_pretrained(zoo_model, dtype):
     """What the reference runs is from_pretrained's model whatever the residency: the same logits."""
     from transformers import AutoModelForCausalLM
 
     model_dir = str(zoo_model("llama"))
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").eval()
     with torch.no_grad():
-        got = load_model(model_dir, dtype, lean=lean)(input_ids=IDS).logits
+        got = load_model(model_dir, dtype)(input_ids=IDS).logits
         assert torch.equal(got, plain(input_ids=IDS).logits)
