@@ -41,7 +41,6 @@ def main(argv: list[str]) -> int:
                 torch.set_num_threads(int(threads))
             ids, lens, dtype = _fed_tokens(Path(argv[3]))
             fp32_out = Path(argv[4])
-            _wait_for_the_engines_weights(os.environ.get(REFERENCE_AFTER_ENV))
             # The low precision first: the fp32 trace is stored over it (its float32 tensors as bf16 differences:
             # half the bytes), and its weight sums serve the fp32 run too (they are of the bf16-rounded values, the
             # same for both copies of one checkpoint).
@@ -66,16 +65,6 @@ def main(argv: list[str]) -> int:
 
 # The reference's torch threads when it runs beside an engine (``capture(beside=…)``).
 REFERENCE_THREADS_ENV = "EKKA_REFERENCE_THREADS"
-# Beside an engine: a file that exists once the engine has loaded its weights (or has ended). The reference loads its
-# own only then, so the two loads — each holding the checkpoint's pages and its copy at once — never add up.
-REFERENCE_AFTER_ENV = "EKKA_REFERENCE_AFTER"
-
-
-def _wait_for_the_engines_weights(marker: str | None) -> None:
-    import time
-
-    while marker and not Path(marker).exists():
-        time.sleep(0.05)
 
 
 def _fed_tokens(target: Path) -> tuple[list[list[int]], list[int], str]:

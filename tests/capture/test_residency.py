@@ -120,3 +120,22 @@ def test_load_model_is_from_pretrained(zoo_model, dtype):
     with torch.no_grad():
         got = load_model(model_dir, dtype)(input_ids=IDS).logits
         assert torch.equal(got, plain(input_ids=IDS).logits)
+
+
+@pytest.mark.slow
+def test_an_engine_that_lets_go_while_loading_computes_the_same(zoo_model, tmp_path):
+    """Ekka's traced runs let go of the checkpoint's pages as vLLM loads it (the plugin's EKKA_LET_GO_WHILE_LOADING):
+    the same tokens and logprobs, to the bit, as an engine that keeps them."""
+    from ekka_core.capture import run_engine
+    from ekka_core.capture.vllm_config import configuration, served_args
+    from ekka_core.capture.vllm_plugin import LET_GO_WHILE_LOADING_ENV
+    from ekka_core.contracts.spec import DiagnosisSpec
+
+    spec = DiagnosisSpec(model=str(zoo_model("llama")), prompts=["The capital of France is"], dtype="bfloat16",
+                         max_new_tokens=4)
+    args, _ = configuration(served_args(spec)[0], None)
+    kept = run_engine(spec, tmp_path / "kept", args, label="kept", score=False)
+    # letting go continuously (every 0 s): a tiny checkpoint loads within one interval of 0.1 s
+    lean = run_engine(spec, tmp_path / "lean", args, label="lean", score=False, env={LET_GO_WHILE_LOADING_ENV: "0"})
+    assert [(r.generated, r.logprobs) for r in lean.outputs.requests] == \
+        [(r.generated, r.logprobs) for r in kept.outputs.requests]
