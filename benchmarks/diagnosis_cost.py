@@ -17,7 +17,7 @@ compile-only bug ``inductor-silu-decomposition-wrong`` re-injected: a cold serve
 triage finds compilation and whose in-graph localisation run replays the compiled graph piece by piece (its own
 engine run's seconds against the served run's). Not a test.
 
-    .venv/bin/python benchmarks/diagnosis_cost.py [--out DIR] [--model tiny|1b|compile-only]
+    .venv/bin/python benchmarks/diagnosis_cost.py [--out DIR] [--model tiny|1b|compile-only] [--repeat N]
 """
 
 from __future__ import annotations
@@ -171,8 +171,15 @@ def main() -> int:
     ap.add_argument("--model", choices=("tiny", "1b", "compile-only"), default="tiny",
                     help="the zoo's tiny Llama (default), the 1B-shaped one (2048 x 16 layers, ~300 tokens), or the "
                          "tiny Llama with a compile-only bug re-injected (the in-graph localisation's cost)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="1b: measure the warm served run and the clean diagnosis this many times, one after the other "
+                         "(a sitting's noise moves single runs by ±20%%): the ratios of each pair and their median")
     a = ap.parse_args()
     parts = {"tiny": PARTS, "1b": PARTS_1B, "compile-only": PARTS_COMPILE_ONLY}[a.model]
+    if a.model == "1b":
+        for r in range(2, a.repeat + 1):
+            parts = parts + [(f"served run, compile cache filled (pair {r})", "served", FRESH),
+                             (f"clean diagnosis, compile cache filled, warm host (pair {r})", "diagnose", {})]
     shutil.rmtree(a.out, ignore_errors=True)
     caches = {"VLLM_CACHE_ROOT": str((a.out / "vllm-cache").resolve()),
               "TORCHINDUCTOR_CACHE_DIR": str((a.out / "inductor-cache").resolve())}
@@ -220,6 +227,15 @@ def main() -> int:
         print(f"\nclean diagnosis (filled cache): {d['seconds'] / served_warm:.2f}× a served run that loads its graph, "
               f"{d['seconds'] / cold:.2f}× a cold served run; peak RSS {d['peak_rss_gb'] / served['peak_rss_gb']:.2f}×"
               f" the served run's (PSS {d['peak_pss_gb'] / served['peak_pss_gb']:.2f}×); traces {d['trace_mb']} MB; the re-run {again / d['seconds']:.2f}× the first")
+        pairs = [(rows[1][1], rows[2][1])] + [(rows[i][1], rows[i + 1][1]) for i in range(4, len(rows), 2)]
+        if len(pairs) > 1:
+            import statistics
+            ratios = [(dg["seconds"] / sv["seconds"], dg["peak_rss_gb"] / sv["peak_rss_gb"],
+                       dg["peak_pss_gb"] / sv["peak_pss_gb"]) for sv, dg in pairs]
+            print("pairs (served s, diagnosis s, time ×, RSS ×, PSS ×): " + "; ".join(
+                f"({sv['seconds']}, {dg['seconds']}, {t:.2f}, {r:.2f}, {q:.2f})" for (sv, dg), (t, r, q) in zip(pairs, ratios)))
+            print(f"median of {len(pairs)} pairs: time {statistics.median(t for t, _, _ in ratios):.2f}×, peak RSS "
+                  f"{statistics.median(r for _, r, _ in ratios):.2f}×, PSS {statistics.median(q for _, _, q in ratios):.2f}×")
         return 0
     d_cold, d_warm, d_fresh, d_again = (rows[i][1]["seconds"] for i in (3, 4, 5, 6))
     print(f"\nserved run: filled cache {served_warm / cold:.2f}× the empty one; clean diagnosis (filled cache): "
