@@ -103,8 +103,9 @@ class TreePeak:
 
     RSS is read from ``statm`` every 0.2 s (a counter: cheap). PSS needs ``smaps_rollup``, which walks every page
     table of the process: read every 0.2 s it took 40 % of a core on the 1B-shaped model (measured with top), a core
-    the diagnosis it measures needs. So PSS is read at most once a second, and only while the tree's RSS is within
-    10 % of its peak so far (PSS ≤ RSS: the PSS peak lies there). ``cpu_s`` is the sampler's own CPU time."""
+    the diagnosis it measures needs. So PSS is read only while the tree's RSS is within 10 % of its peak so far (PSS
+    ≤ RSS: the PSS peak lies there), at most once a second unless the RSS has risen 2 % since the last reading (a
+    load's brief peak is caught while it rises). ``cpu_s`` is the sampler's own CPU time."""
 
     def __init__(self, pid: int):
         self.pid, self.peak, self.peak_pss, self.done = pid, 0, 0, threading.Event()
@@ -114,13 +115,13 @@ class TreePeak:
 
     def _sample(self) -> None:
         started = time.thread_time()
-        last_pss = 0.0
+        last_pss, rss_then = 0.0, 0
         while not self.done.wait(0.2):
             tree = _tree(self.pid)
             rss = sum(_statm_rss(p) for p in tree)
             self.peak = max(self.peak, rss)
-            if rss >= 0.9 * self.peak and time.monotonic() - last_pss >= 1.0:
-                last_pss = time.monotonic()
+            if rss >= 0.9 * self.peak and (time.monotonic() - last_pss >= 1.0 or rss > 1.02 * rss_then):
+                last_pss, rss_then = time.monotonic(), rss
                 self.peak_pss = max(self.peak_pss, sum(_status_kb(p, "Pss:", "smaps_rollup") for p in tree))
         self.cpu_s = time.thread_time() - started
 

@@ -30,12 +30,19 @@ def error_ratio(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: 
 def _ratios(x_t: torch.Tensor, x_r: torch.Tensor, y_r: torch.Tensor, dtype: str
             ) -> tuple[float, list[float], float, float]:
     """Overall ratio, per-row ratios, ‖X_T − Y_R‖/‖Y_R‖ and the same-dtype distance ‖X_T − X_R‖ / ‖X_R − Y_R‖, from
-    one pass over the differences (a Frobenius norm is the 2-norm of the row norms)."""
-    rows = error_ratio(x_t, x_r, y_r, dtype, dim=1)
-    overall = float(error_ratio(x_t, x_r, y_r, dtype))
-    den = torch.maximum((x_r - y_r).norm(), (noise_floor(dtype) * y_r.norm()).clamp_min(1e-30))
-    same = float((x_t - x_r).norm() / den)
-    return overall, rows.tolist(), float((x_t - y_r).norm() / y_r.norm().clamp_min(1e-30)), same
+    one pass over each difference: the row norms, whose 2-norm (in float64) is the whole tensor's Frobenius norm. (Each
+    norm taken again over the whole tensor was a second pass over it: 1.2 of 3.7 s of a 1B-shaped model's analysis.)"""
+    target_fp32, reference_fp32, fp32, target_reference = (
+        v.norm(dim=1) for v in (x_t - y_r, x_r - y_r, y_r, x_t - x_r))
+    floor = noise_floor(dtype)
+    rows = target_fp32 / torch.maximum(reference_fp32, (floor * fp32).clamp_min(1e-30))
+
+    def whole(row_norms: torch.Tensor) -> float:
+        return float(row_norms.double().square().sum().sqrt())
+
+    num, den, ref, same = whole(target_fp32), whole(reference_fp32), whole(fp32), whole(target_reference)
+    den = max(den, max(floor * ref, 1e-30))
+    return num / den, rows.tolist(), num / max(ref, 1e-30), same / den
 
 
 def _pair_result(ap: AlignedPair, dtype: str, classes: dict[str, dict[str, Any]]) -> PairResult:
