@@ -32,9 +32,9 @@ _FUNCTION_SOURCE: dict[Any, tuple[str | None, int | None]] = {}
 
 def _checksum(t: torch.Tensor) -> float:
     """What tells an in-place change of a recorded tensor: its sum in float32. A float32 tensor is summed as it is;
-    any other on the CPU is converted block by block through one reused float32 buffer — converting a [306, 16384] bf16 tensor
-    whole allocated (and page-faulted) 20 MB per call: 2.1 ms against 0.9 ms, one thread, measured. The same tensor
-    always gives the same sum, which is all a comparison of two checksums needs."""
+    any other on the CPU is converted block by block through one reused float32 buffer — converting a [306, 16384]
+    bf16 tensor whole allocated (and page-faulted) 20 MB per call: 2.1 ms against 0.9 ms, one thread, measured. The
+    same tensor always gives the same sum, which is all a comparison of two checksums needs."""
     t = t.detach()
     if t.dtype == torch.float32:
         return float(t.sum())

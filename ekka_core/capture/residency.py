@@ -1,15 +1,16 @@
-"""How much of the reference's weights is resident while it runs beside an engine (issue 25: a diagnosis's peak memory
-at most 1.5× a served run's).
+"""How much of a checkpoint the capture's processes keep resident (issue 25: a diagnosis's peak memory at most 1.5× a
+served run's).
 
-The reference loads the checkpoint twice — in the engine's low precision and in fp32 — on a machine the engine shares.
-What it holds is kept to what it computes with, never by changing a value:
+The reference loads the checkpoint twice — in the engine's low precision and in fp32 — beside the traced engine,
+which loads it too. What each holds is kept to what it computes with, never by changing a value:
 
 * :func:`stored_float_dtype` — the dtype a checkpoint stores its floating tensors in (its safetensors headers).
 * :func:`letting_go_while_loading` — a scope in which the pages of the mapped checkpoint are let go as the load goes
   on. Used when the run's dtype differs from the stored one, so that every tensor is converted (copied) anyway:
   otherwise every page of the file touched while converting stayed resident until the load ended — a 1B-shaped
   model's fp32 checkpoint loaded in bf16 peaked at 5.9 GB in 1.3 s; letting go every 0.1 s, at 2.7 GB in 1.8 s
-  (read by ``pread`` instead: 2.4 GB in 5.4 s, its fresh buffers' page faults; all measured).
+  (read by ``pread`` instead: 2.4 GB in 5.4 s, its fresh buffers' page faults; all measured). Ekka's vLLM plugin
+  wraps the traced engine's loader in it too (``EKKA_LET_GO_WHILE_LOADING``): 6.4 → 4.3 GB.
 * :func:`release_after_forward` — for a model loaded in the stored dtype, whose weights are zero-copy views of the
   mapped checkpoint: each module's own weights are let go (``madvise(MADV_DONTNEED)``) once its forward has used
   them. They stay in the page cache; a later use maps them again from there. Otherwise the fp32 reference of that
@@ -60,7 +61,8 @@ def letting_go_while_loading(model: str, every: float = 0.1) -> Iterator[None]:
     files that are still the files' are let go. A load that converts every tensor reads each once, so a page let go
     early is at worst mapped again from the page cache — the same bytes; what stays resident is what the load
     touched in the last interval, not the whole file. Nothing of the loader is patched."""
-    files = {str(p) for p in Path(model).glob("*.safetensors")} if Path(model).is_dir() else set()
+    # as /proc/self/maps names them: symlinks resolved (a hub cache's snapshot links to its blobs)
+    files = {os.path.realpath(p) for p in Path(model).glob("*.safetensors")} if Path(model).is_dir() else set()
     if not files or not _PAGES.available:
         yield
         return

@@ -4,8 +4,8 @@ Tensors are copied at hook time: fused kernels (vLLM's add+RMSNorm) later overwr
 
 The fp32 reference is written over the low-precision reference (``TraceWriter(delta_base=…)``): each float32
 tensor is stored as its bf16-rounded difference from the base's tensor of the same key and module. What the error
-ratio measures *is* that difference (‖X_R − Y_R‖, the reference's own rounding noise), so rounding it to bf16 errs by
-2^-9 of the noise — at half the bytes of the largest trace of a diagnosis (1054 → 525 MB for a 1B-shaped model's
+ratio measures *is* that difference (‖X_R − Y_R‖, the reference's own rounding noise), so rounding it to bf16 errs
+by 2^-9 of the noise — at half the bytes of the largest trace of a diagnosis (1054 → 525 MB for a 1B-shaped model's
 306-token prompt).
 """
 
@@ -184,8 +184,8 @@ class _DeltaBase:
     when a difference is stored (:meth:`delta`).
 
     The rounded difference errs by 2^-9 of the difference itself, and the difference from the base — the same
-    module's call in the low-precision run — is X_R − Y_R, the reference's own rounding noise every comparison divides
-    by. So the error is 2^-9 of that noise however large the noise is (a random-weight 1B-shaped model's deep layers
+    module's call in the low-precision run — is X_R − Y_R, the reference's own rounding noise every comparison
+    divides by. So the error is 2^-9 of that noise however large the noise is (a random-weight 1B-shaped model's deep layers
     differ between bf16 and fp32 by up to 65 % of a row, measured), and the difference is stored whenever the base
     holds the same module's tensor of that shape."""
 

@@ -13,8 +13,8 @@ alongside every other installed plugin — Ekka never changes which plugins load
 * ``EKKA_WEIGHT_SUMS=1`` (set by Ekka's traced runs only): sums every module's weights as loaded, before the
   engine's post-load processing repacks them, for the mapping to compare by value (``hooks.weight_owners``);
 * ``EKKA_LET_GO_WHILE_LOADING=SECONDS`` (set by Ekka's traced runs): every SECONDS, the checkpoint's mapped pages
-  are let go as the engine's loader reads them (:func:`~ekka_core.capture.residency.letting_go_while_loading`: the same weights, no
-  whole checkpoint resident at once), so that a reference loading beside it never adds up to two whole checkpoints;
+  are let go as the engine's loader reads them (``residency.letting_go_while_loading``: the same weights, never the
+  whole checkpoint resident at once), so that a reference loading beside it never adds up to two checkpoints;
 * ``EKKA_GRAPH_DIR=DIR``: the compiled graphs' pieces are localised in the engine process after its first real
   step (:mod:`ekka_core.capture.vllm_graphs`), into ``DIR/graph_localisation.json``;
 * on x86 Linux, the process's permission to use AMX tiles (:func:`_allow_amx_tiles`), which vLLM-CPU's attention
