@@ -135,7 +135,7 @@ def child(cfg: dict) -> None:
     from vllm import LLM, SamplingParams
 
     from ekka_core.capture.trace import RunInfo
-    from ekka_core.capture.vllm_runner import engine_args
+    from ekka_core.capture.vllm_config import configuration, served_args
     from ekka_core.contracts.spec import DiagnosisSpec
 
     variant = cfg["variant"]
@@ -143,7 +143,7 @@ def child(cfg: dict) -> None:
         _patch(variant)
     spec = DiagnosisSpec(model=cfg["model"], prompts=["(token ids)"], dtype="bfloat16",
                          max_new_tokens=cfg["max_new_tokens"])
-    args = engine_args(spec)
+    args, _ = configuration(served_args(spec)[0], None)     # the traced baseline's arguments
     llm = LLM(**args)
     if cfg.get("threads"):
         import torch

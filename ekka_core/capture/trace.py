@@ -37,8 +37,8 @@ class TraceWriter:
     next tensor's element size needs it, as the format allows no holes). A full buffer is written — its header, then
     its bytes as they are — by a background thread while capture fills the other one; the two buffers are reused for
     every shard. So a traced tensor costs one copy and no allocation: cloning each one and serialising it with
-    ``safetensors.torch.save_file`` cost three copies and the page faults of a fresh allocation per tensor (7 s of
-    system time in a 1B-shaped model's traced run, measured). A tensor larger than a buffer is a shard of its own."""
+    ``safetensors.torch.save_file`` cost three copies and the page faults of a fresh allocation per tensor. A tensor
+    larger than a buffer is a shard of its own."""
 
     def __init__(self, directory: Path, run: RunInfo, *, shard_bytes: int = 64 << 20,
                  store_dtype: torch.dtype | None = None, delta_base: Path | None = None):
