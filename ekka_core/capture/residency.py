@@ -139,14 +139,23 @@ class _PageMap:
 
     def __init__(self) -> None:
         self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self.lock = threading.Lock()
+        self._pagemap: Any = None
+        self._pid = 0
         try:
             self.libc = ctypes.CDLL(None, use_errno=True)
             self.libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            self.pagemap = open("/proc/self/pagemap", "rb", buffering=0)   # noqa: SIM115 - held for the process
-            self.lock = threading.Lock()
-            self.available = True
+            self.available = os.access("/proc/self/pagemap", os.R_OK)
         except (OSError, AttributeError):
             self.available = False
+
+    def _own_pagemap(self) -> Any:
+        """This process's page map. Opened per process: the file opened as ``/proc/self/pagemap`` describes the
+        process that opened it, and the warm run host imports this module before it forks each run's process."""
+        if self._pid != os.getpid():
+            self._pagemap = open("/proc/self/pagemap", "rb", buffering=0)   # noqa: SIM115 - held for the process
+            self._pid = os.getpid()
+        return self._pagemap
 
     def release(self, t: torch.Tensor) -> None:
         """Let go of the whole pages inside ``t``'s bytes, unless one of them holds something the process wrote."""
@@ -163,8 +172,9 @@ class _PageMap:
         if length <= 0:
             return
         with self.lock:                       # one seek-and-read of the page map at a time
-            self.pagemap.seek(first // self.page * 8)
-            entries = np.frombuffer(self.pagemap.read(length // self.page * 8), dtype=np.uint64)
+            pagemap = self._own_pagemap()
+            pagemap.seek(first // self.page * 8)
+            entries = np.frombuffer(pagemap.read(length // self.page * 8), dtype=np.uint64)
         written = (entries & np.uint64(self.PRESENT)).astype(bool) & ~(entries & np.uint64(self.FILE)).astype(bool)
         if len(entries) == length // self.page and not written.any():
             self.libc.madvise(first, length, self.MADV_DONTNEED)

@@ -139,3 +139,30 @@ def test_an_engine_that_lets_go_while_loading_computes_the_same(zoo_model, tmp_p
     lean = run_engine(spec, tmp_path / "lean", args, label="lean", score=False, env={LET_GO_WHILE_LOADING_ENV: "0"})
     assert [(r.generated, r.logprobs) for r in lean.outputs.requests] == \
         [(r.generated, r.logprobs) for r in kept.outputs.requests]
+
+
+def test_a_forked_process_reads_its_own_page_map(tmp_path):
+    """The warm run host imports this module and then forks a child per run: the child must guard its writes with
+    its own page map, not the host's (a page map opened by the host describes the host's memory)."""
+    import mmap
+    import os
+
+    from ekka_core.capture.residency import _PAGES
+
+    assert _PAGES.available
+    _PAGES.release_mappings(set())                       # the parent has used its page map before the fork
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(bytes(range(256)) * (16 << 10))    # 4 MB
+    pid = os.fork()
+    if pid == 0:                                         # the child: a run forked from the host
+        ok = False
+        try:
+            with open(path, "rb") as f:
+                private = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            private[5] = 77                              # copy-on-write: that page is this process's
+            _PAGES.release_mappings({str(path)})
+            ok = private[5] == 77
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's written page was let go"
