@@ -33,8 +33,10 @@ import numpy as np
 import torch
 from torch import nn
 
-# safetensors' dtype names → torch dtypes (the floating ones a checkpoint stores weights in).
-_STORED = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+from ekka_core.capture.trace import SAFETENSORS_DTYPES
+
+# safetensors' dtype names → torch dtypes, the floating ones (what a checkpoint stores weights in)
+_STORED = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items() if dtype.is_floating_point}
 
 
 def stored_float_dtype(model: str) -> torch.dtype | None:

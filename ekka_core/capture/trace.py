@@ -70,7 +70,7 @@ class TraceWriter:
         delta = self._base.delta(key, t.to(dtype), module) if self._base is not None else None
         if delta is not None:
             t, dtype = delta, delta.dtype
-        nbytes = t.numel() * _element_size(dtype)
+        nbytes = t.numel() * dtype.itemsize
         with self._lock:
             if not self._filling.has_room(nbytes, dtype):
                 self._flush()
@@ -121,15 +121,11 @@ class TraceWriter:
         return self.dir
 
 
-# safetensors' names of the dtypes a trace stores.
-_SAFETENSORS_DTYPE = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+# safetensors' names of the dtypes a trace stores (and a checkpoint's weights are read as: residency).
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
                       torch.uint8: "U8", torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3",
                       torch.float8_e5m2: "F8_E5M2"}
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 class _ShardBuffer:
@@ -149,13 +145,13 @@ class _ShardBuffer:
         self.used, self.header = 0, {}
 
     def has_room(self, nbytes: int, dtype: torch.dtype) -> bool:
-        return self.used + (-self.used) % _element_size(dtype) + nbytes <= self.capacity
+        return self.used + (-self.used) % dtype.itemsize + nbytes <= self.capacity
 
     def put(self, key: str, t: torch.Tensor, dtype: torch.dtype) -> None:
         """Copy ``t`` (any layout, device, dtype: converted to ``dtype`` as it is copied) to the end of the arena."""
-        if dtype not in _SAFETENSORS_DTYPE:
+        if dtype not in SAFETENSORS_DTYPES:
             raise InternalFailure(f"a traced tensor {key} has dtype {dtype}, which a safetensors trace cannot store")
-        size = _element_size(dtype)
+        size = dtype.itemsize
         pad = (-self.used) % size
         if pad:          # the next element size's alignment, filled: the format allows no holes
             self.header[f"__pad{self.used}"] = {"dtype": "U8", "shape": [pad],
@@ -164,7 +160,7 @@ class _ShardBuffer:
         nbytes = t.numel() * size
         if nbytes:
             self.data[self.used:self.used + nbytes].view(dtype).view(t.shape).copy_(t)
-        self.header[key] = {"dtype": _SAFETENSORS_DTYPE[dtype], "shape": list(t.shape),
+        self.header[key] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(t.shape),
                             "data_offsets": [self.used, self.used + nbytes]}
         self.used += nbytes
 
