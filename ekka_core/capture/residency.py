@@ -8,13 +8,13 @@ which loads it too. What each holds is kept to what it computes with, never by c
 * :func:`letting_go_while_loading` — a scope in which the pages of the mapped checkpoint are let go as the load goes
   on. Used when the run's dtype differs from the stored one, so that every tensor is converted (copied) anyway:
   otherwise every page of the file touched while converting stayed resident until the load ended — a 1B-shaped
-  model's fp32 checkpoint loaded in bf16 peaked at 5.9 GB in 1.3 s; letting go every 0.1 s, at 2.7 GB in 1.8 s
-  (read by ``pread`` instead: 2.4 GB in 5.4 s, its fresh buffers' page faults; all measured). Ekka's vLLM plugin
-  wraps the traced engine's loader in it too (``EKKA_LET_GO_WHILE_LOADING``): 6.4 → 4.3 GB.
+  model's fp32 checkpoint loaded in bf16 peaked at 5.9 GB; letting go every 0.1 s, at 2.9 GB in the same time (read
+  by ``pread`` instead: 2.4 GB in 4.6× the time, its fresh buffers' page faults). Ekka's vLLM plugin wraps the traced
+  engine's loader in it too (``EKKA_LET_GO_WHILE_LOADING``): 6.1 → 3.7 GB. (``benchmarks/residency_cost.py``.)
 * :func:`release_after_forward` — for a model loaded in the stored dtype, whose weights are zero-copy views of the
   mapped checkpoint: each module's own weights are let go (``madvise(MADV_DONTNEED)``) once its forward has used
   them. They stay in the page cache; a later use maps them again from there. Otherwise the fp32 reference of that
-  model held all 4 GB mapped to the end of its forward. Only pages that are still the file's are let go (the
+  model held all 4 GB mapped to the end of its forward (4.2 → 0.6 GB). Only pages that are still the file's are let go (the
   process's page map says so): a page something wrote into is private memory, and letting it go would lose it.
 """
 
