@@ -52,16 +52,36 @@ def _with_a_compile_cache_of_its_own(name: str, inject: Callable[[], None]) -> C
     run compile again; a cache root of its own, named by the injection and the sources of every injection
     (``ekka_core/bugs``: an edited case is a new cache), lets the same injection reuse its own graph and never
     another's. Called at plugin registration, before vLLM reads the variable (its env cache is enabled later, when
-    the engine core starts)."""
+    the engine core starts).
+
+    What is not the compiled graph stays shared with the user's root: vLLM's ``modelinfos`` (each model class's
+    capabilities, checked against the hash of its source file before use) — inspecting a class again costs a
+    subprocess that imports vLLM, 10 s of every injected case's first run (measured) — and the kernels Inductor
+    names by their text (``vllm_compat.share_inductor_kernels``, whose directory the engine run chose before)."""
     @functools.wraps(inject)
     def run() -> None:
         from ekka_core.capture import vllm_compat
         base = Path(vllm_compat.envs_module().VLLM_CACHE_ROOT)     # vLLM's own default (XDG_CACHE_HOME …) or the user's
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
-        os.environ["VLLM_CACHE_ROOT"] = str(base / "ekka-injected" / f"{safe}-{_injection_sources_hash()}")
+        root = base / "ekka-injected" / f"{safe}-{_injection_sources_hash()}"
+        _share_model_infos(base, root)
+        os.environ["VLLM_CACHE_ROOT"] = str(root)
         inject()
 
     return run
+
+
+def _share_model_infos(base: Path, root: Path) -> None:
+    """``root/modelinfos`` is the user's ``base/modelinfos`` (a link); left as it is where it already exists."""
+    shared, own = base / "modelinfos", root / "modelinfos"
+    if own.exists() or own.is_symlink():
+        return
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        own.symlink_to(shared, target_is_directory=True)
+    except OSError:        # FileExistsError: another run of this injection linked it first; else vLLM's to report
+        pass
 
 
 @functools.lru_cache(maxsize=1)

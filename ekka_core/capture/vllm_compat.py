@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
+import os
 from typing import Any, Iterable
 
 from ekka_core.contracts.errors import BadInput
@@ -230,6 +232,63 @@ def compile_cache_use() -> str:
                                              "stock_torch_compile_count")):
         return "compiled"
     return ""
+
+
+KERNEL_CACHE_ENV = "EKKA_KERNEL_CACHE"
+
+
+def kernel_cache_root() -> str:
+    """Where Ekka's engine runs share Inductor's content-addressed files (:func:`share_inductor_kernels`): beside
+    vLLM's own compile caches, under the cache root vLLM uses now (``VLLM_CACHE_ROOT`` or its default), so clearing
+    vLLM's cache clears it too."""
+    return os.path.join(envs_module().VLLM_CACHE_ROOT, "torch_compile_cache", "ekka-shared-kernels")
+
+
+def share_inductor_kernels(root: str) -> None:
+    """Keep the files Inductor names by their own contents — generated C++ kernels and the shared objects g++ builds
+    from them, the graphs' Python wrappers — in one directory for every compiled run, not one per vLLM cache key.
+
+    Why: vLLM points Inductor's whole cache at a directory of each configuration's hash
+    (``…/torch_aot_compile/<hash>/inductor_cache``, ``vllm.compilation.decorators``), and Ekka gives each injected
+    bug a cache root of its own (``ekka_core.bugs.bug``), so a triage trial, a culprit trace or the next benchmark
+    case compiled every kernel again although nearly all of them are the same text: a cold served run of the tiny
+    Llama spent 16 s of its 53 s in g++ (``benchmarks/serving_cost.py``'s case with the kernels kept: 37 s). Those
+    files are safe to share because the name is the hash of the text (and, for C++, of the compiler's command line):
+    ``codecache.write`` never gives two different contents one name. Inductor's FX-graph and AOTAutograd caches
+    stay in vLLM's per-configuration directory — their keys are the traced graph, which does not cover everything
+    that changes the code generated from it (a patched decomposition table: ``inductor-silu-decomposition-wrong``).
+    The directory is named by Inductor's own system hash (torch version, compiler, device), so another torch never
+    reads these kernels. Where ``torch._inductor.codecache`` lacks the two functions in this shape, nothing changes."""
+    try:
+        codecache = importlib.import_module("torch._inductor.codecache")
+    except ImportError:
+        return
+    by_name, lock_dir = getattr(codecache, "get_path", None), getattr(codecache, "get_lock_dir", None)
+    if by_name is None or lock_dir is None or getattr(by_name, "ekka_shared_root", None) is not None:
+        return
+    try:
+        if list(inspect.signature(by_name).parameters)[:3] != ["basename", "extension", "specified_dir"]:
+            return
+        system = codecache.CacheBase.get_system()["hash"][:16]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return
+    shared = os.path.join(root, system)
+
+    def get_path(basename: str, extension: str, specified_dir: str = "") -> tuple[str, str, str]:
+        if specified_dir:                     # a directory the caller chose: not named by content, left alone
+            return by_name(basename, extension, specified_dir)
+        subdir = os.path.join(shared, basename[1:3])
+        return basename, subdir, os.path.join(subdir, f"{basename}.{extension}")
+
+    def get_lock_dir() -> str:
+        # Two runs building one kernel at once must take the same lock (the .so is written in place by g++).
+        locks = os.path.join(shared, "locks")
+        os.makedirs(locks, exist_ok=True)
+        return locks
+
+    get_path.ekka_shared_root = shared  # type: ignore[attr-defined]
+    codecache.get_path = get_path
+    codecache.get_lock_dir = get_lock_dir
 
 
 # ---- modules the bug re-injections patch ------------------------------------------------------------------------

@@ -21,7 +21,10 @@ alongside every other installed plugin — Ekka never changes which plugins load
   kernel uses without asking for it;
 * a compile cache that loads: vLLM-CPU's Inductor graphs failed to load from vLLM's AOT compile cache, so every
   compiled run compiled again (:func:`vllm_compat.let_inductor_graphs_load_from_the_compile_cache`); the worker
-  method's ``compile_cache`` command says whether this run's model was loaded or compiled.
+  method's ``compile_cache`` command says whether this run's model was loaded or compiled;
+* ``EKKA_KERNEL_CACHE=DIR`` (set by Ekka's engine runs): Inductor's content-addressed files — generated kernels and
+  the shared objects built from them — go to one directory for every configuration and injected bug, so a run that
+  compiles builds only the kernels no earlier run built (:func:`vllm_compat.share_inductor_kernels`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def register() -> None:
     from ekka_core.capture import vllm_compat
 
     vllm_compat.let_inductor_graphs_load_from_the_compile_cache()
+    if os.environ.get(vllm_compat.KERNEL_CACHE_ENV):
+        vllm_compat.share_inductor_kernels(os.environ[vllm_compat.KERNEL_CACHE_ENV])
 
     vllm_compat.worker_base_class().ekka_trace_control = _trace_control  # type: ignore[attr-defined]
     if os.environ.get(TRACE_DIR_ENV):

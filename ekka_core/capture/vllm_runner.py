@@ -55,6 +55,9 @@ def _engine_env(args: dict[str, Any]) -> None:
     from ekka_core.capture.vllm_config import CPU_KVCACHE_GIB
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))
+    # Read before the engine starts: an injected bug's plugin moves VLLM_CACHE_ROOT to a root of its own, while the
+    # kernels (named by their text) are shared by every run (vllm_compat.share_inductor_kernels).
+    os.environ.setdefault(vllm_compat.KERNEL_CACHE_ENV, vllm_compat.kernel_cache_root())
     tp = int(args.get("tensor_parallel_size", 1))
     if tp == 1:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

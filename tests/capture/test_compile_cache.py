@@ -44,6 +44,10 @@ def test_a_second_served_run_loads_the_compiled_graph_which_computes_with_its_ow
     second = run_engine(spec, tmp_path / "second", args, label="served", env=env)
 
     assert first.outputs.resolved["compile_cache"] == "compiled"
+    # Inductor's kernels went to the directory every configuration shares, not the configuration's own
+    shared = tmp_path / "vllm-cache" / "torch_compile_cache" / "ekka-shared-kernels"
+    assert list(shared.rglob("*.so")), "the compiled run built no kernel in the shared directory"
+    assert not list((tmp_path / "vllm-cache" / "torch_compile_cache" / "torch_aot_compile").rglob("*.so"))
     assert second.outputs.resolved["compile_cache"] == "loaded", (tmp_path / "second" / "engine.log").read_text()[-3000:]
     assert first.outputs.requests[0].logprobs != second.outputs.requests[0].logprobs   # the new weights were used
     for run in (first, second):
@@ -66,6 +70,51 @@ def test_each_injection_compiles_into_a_cache_of_its_own(monkeypatch, tmp_path):
     assert a != b and a != tmp_path and b != tmp_path
     assert a.parent == b.parent == tmp_path / "ekka-injected"
     assert root_for("rmsnorm-weight-in-fp32") == a                      # the same injection reuses its graph
+    # what is not the compiled graph is the user's: vLLM's model-class inspections (checked by source hash)
+    assert (a / "modelinfos").resolve() == (b / "modelinfos").resolve() == (tmp_path / "modelinfos").resolve()
     # every registered case and the generic injection go through it
     for bug in [*bugs.BUGS.values(), bugs.get("scale-output:model.layers.1.mlp:1.5")]:
         assert bug.inject.__wrapped__ is not None, bug.name
+
+
+_COMPILE_ONE = """
+import os, sys, torch
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]
+from ekka_core.capture import vllm_compat
+vllm_compat.share_inductor_kernels(sys.argv[2])
+x = torch.linspace(-3, 3, 128).reshape(8, 16)
+f = torch.compile(lambda x: torch.nn.functional.silu(x) * (x + float(sys.argv[3])))
+torch.testing.assert_close(f(x), torch.nn.functional.silu(x) * (x + float(sys.argv[3])))
+"""
+
+
+@pytest.mark.slow
+def test_kernels_named_by_their_text_are_shared_across_inductor_caches(tmp_path):
+    """Two processes whose Inductor caches differ (as two vLLM configurations or two injected bugs do) build a kernel
+    once: its C++ and shared object land in the shared directory, under Inductor's system hash, and the second
+    process adds none; other code is a kernel of its own. The graphs' own caches stay in each process's directory."""
+    import subprocess
+    import sys
+
+    shared = tmp_path / "shared"
+
+    def compile_in(cache: str, constant: str) -> dict[str, float]:
+        subprocess.run([sys.executable, "-c", _COMPILE_ONE, str(tmp_path / cache), str(shared), constant], check=True)
+        return {str(p): p.stat().st_mtime_ns for p in shared.rglob("*.so")}
+
+    first = compile_in("first", "1.0")
+    assert first, "no shared object was built in the shared directory"
+    assert {Path(p).relative_to(shared).parts[0] for p in first} == {_system_hash()}
+    again = compile_in("second", "1.0")
+    assert again == first                                    # nothing built again, nothing rewritten
+    other = compile_in("third", "2.5")
+    assert set(other) > set(first)                           # another text, another kernel
+    for cache in ("first", "second", "third"):
+        own = tmp_path / cache
+        assert not [p for p in own.rglob("*") if p.suffix in (".so", ".cpp")], cache
+        assert (own / "fxgraph").is_dir(), cache             # the graph caches stay per cache directory
+
+
+def _system_hash() -> str:
+    from torch._inductor.codecache import CacheBase
+    return CacheBase.get_system()["hash"][:16]
