@@ -118,3 +118,26 @@ def test_kernels_named_by_their_text_are_shared_across_inductor_caches(tmp_path)
 def _system_hash() -> str:
     from torch._inductor.codecache import CacheBase
     return CacheBase.get_system()["hash"][:16]
+
+
+def test_kernel_sharing_costs_an_eager_run_nothing(monkeypatch, tmp_path):
+    """Registering the shared directory asks nothing of Inductor (its system hash takes ~0.7 s, which an eager run
+    would pay for nothing); the first path Inductor asks for names it, and a caller's own directory is left alone."""
+    import torch._inductor.codecache as codecache
+    from ekka_core.capture import vllm_compat
+
+    original = codecache.get_path
+    assert not hasattr(original, "ekka_shared_root"), "this process already shares kernels"
+    monkeypatch.setattr(codecache, "get_path", original)            # restored, with get_lock_dir, after the test
+    monkeypatch.setattr(codecache, "get_lock_dir", codecache.get_lock_dir)
+    system = codecache.CacheBase.get_system()
+    asked: list[int] = []
+    monkeypatch.setattr(codecache.CacheBase, "get_system", staticmethod(lambda: asked.append(1) or system))
+
+    vllm_compat.share_inductor_kernels(str(tmp_path))
+    assert asked == []
+    _, subdir, path = codecache.get_path("cabcdef", "cpp")
+    assert asked == [1]
+    assert Path(path) == tmp_path / system["hash"][:16] / "ab" / "cabcdef.cpp" and subdir == str(Path(path).parent)
+    assert Path(codecache.get_lock_dir()) == tmp_path / system["hash"][:16] / "locks"
+    assert codecache.get_path("cabcdef", "cpp", str(tmp_path / "own"))[1] == str(tmp_path / "own")
