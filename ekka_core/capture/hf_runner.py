@@ -246,7 +246,7 @@ def run(spec: DiagnosisSpec, token_ids: list[list[int]], prompt_lens: list[int],
     writer = TraceWriter(out_dir, run_info, delta_base=delta_base)
     if weight_sums is not None:
         model._ekka_weight_sums = weight_sums
-    tracer = tracer_for(writer, layout, spec.trace_options()).attach(model)
+    tracer = tracer_for(writer, layout, spec.trace_options(), reference=role.startswith("reference")).attach(model)
     restore = _trace_functions(model, tracer)
     try:
         with torch.no_grad():

@@ -72,10 +72,11 @@ def _class_info(cls: type) -> tuple:
     return info
 
 
-def tracer_for(writer: TraceWriter, layout: Callable[[tuple, dict], Layout], options: dict[str, str] | None
-               ) -> "ModuleTracer":
+def tracer_for(writer: TraceWriter, layout: Callable[[tuple, dict], Layout], options: dict[str, str] | None,
+               *, reference: bool = False) -> "ModuleTracer":
     """A tracer configured by a spec's trace options (module regex, storage dtype, token positions); the options
-    are recorded in the trace so that a restricted trace says so."""
+    are recorded in the trace so that a restricted trace says so. ``reference``: the reference's run, which stores a
+    parameter-free leaf's output only where a module receives it (:class:`ModuleTracer`)."""
     import re
 
     options = {k: v for k, v in (options or {}).items() if v}
@@ -85,7 +86,7 @@ def tracer_for(writer: TraceWriter, layout: Callable[[tuple, dict], Layout], opt
     pattern = re.compile(options["include"]) if options.get("include") else None
     positions = parse_positions(options["positions"]) if options.get("positions") else None
     return ModuleTracer(writer, layout, include=(lambda name: bool(pattern.search(name))) if pattern else None,
-                        positions=positions)
+                        positions=positions, free_outputs_when_received=reference)
 
 
 def weight_owners(root: nn.Module, sums: dict[str, list[float]] | None = None
@@ -212,11 +213,24 @@ class _StepAtForward:
 
 
 class ModuleTracer:
-    """Install with :meth:`attach`; every forward of the root starts a new step."""
+    """Install with :meth:`attach`; every forward of the root starts a new step.
+
+    ``free_outputs_when_received`` (the reference's runs): the output of a leaf module without parameters — an
+    activation — is stored only once a module receives it, under the producer's call. HF's gated MLPs compute
+    ``act_fn(gate) * up`` in the MLP's forward: the activation's output reaches no module, and no engine computes it
+    alone (vLLM and SGLang fuse it into ``SiluAndMul``, which pairs with ``down_proj``'s input), so it was stored
+    twice per layer — 15 % of each reference trace of a 1B-shaped Llama — and never read. A plain activation's output
+    (``fc2(act(fc1(x)))``) is received, so stored, and pairs as before. Not stored, the output is said so in the call
+    (the mapping then finds its widths unobserved and leaves such a pair unmapped, with that reason)."""
 
     def __init__(self, writer: TraceWriter, layout: Callable[[tuple, dict], Layout],
-                 *, include: Callable[[str], bool] | None = None, positions: PositionRanges | None = None):
+                 *, include: Callable[[str], bool] | None = None, positions: PositionRanges | None = None,
+                 free_outputs_when_received: bool = False):
         self.writer = writer
+        self.free_outputs_when_received = free_outputs_when_received
+        self._free_leaves: set[int] = set()      # ids of the leaf modules without parameters
+        # Their outputs this step not yet received by a module: tensor id -> (call, output index, tensor, checksum)
+        self._unreceived: dict[int, tuple[ModuleCall, int, torch.Tensor, float]] = {}
         self.layout = layout
         self.include = include or (lambda name: True)
         self.positions = positions
@@ -242,6 +256,10 @@ class ModuleTracer:
         # checksum, computed where the tensor lives), reuses its stored copy instead of writing the same bytes again
         # (most inputs are the previous module's output).
         self._seen: dict[int, tuple[TensorRef, torch.Tensor, float]] = {}
+        # The same stored outputs by their storage, where they are contiguous: an input that is a *view* of one
+        # (HF's rotary inputs, q and k transposed out of q_proj/k_proj's outputs; vLLM's, q and k split out of
+        # qkv_proj's), unchanged since, is stored as that view of its stored copy rather than as a copy of its own.
+        self._bases: dict[int, list[tuple[TensorRef, torch.Tensor, float]]] = {}
         self._entries = 0
         # For each executing module (by depth in _inputs): the index of the last call completed when it was entered —
         # when its input was observed, on the same clock as the calls' completion order.
@@ -267,6 +285,8 @@ class ModuleTracer:
                 self._child_attr[(id(module), id(child))] = attr
             self.handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._record, with_kwargs=True))
+            if next(module.children(), None) is None and next(module.parameters(recurse=False), None) is None:
+                self._free_leaves.add(id(module))
         # Sums taken when the engine loaded the weights, where its plugin kept them (before any repacking).
         self.writer.run.module_weights, self.writer.run.weight_sums = weight_owners(
             root, getattr(root, "_ekka_weight_sums", None))
@@ -297,10 +317,51 @@ class ModuleTracer:
 
     def _store_input(self, key: str, x: Any, module: str) -> TensorRef | str | None:
         if isinstance(x, torch.Tensor):
+            if id(x) in self._unreceived:
+                received = self._store_received(x)
+                if received is not None:
+                    return received
             seen = self._seen.get(id(x))
             if seen is not None and seen[1] is x and _checksum(x) == seen[2]:
                 return seen[0]
+            view = self._view_of_stored(x)
+            if view is not None:
+                return view
         return self._store(key, x, module)
+
+    def _store_received(self, x: torch.Tensor) -> TensorRef | None:
+        """A parameter-free leaf's output a module now receives, unchanged: stored as the producer's output (its key,
+        its module) and shared with this input. None where it changed since (the input is stored as received)."""
+        call, i, produced, checksum = self._unreceived.pop(id(x))
+        if produced is not x or _checksum(x) != checksum:
+            return None
+        ref = self._store(f"c{call.index}.out{i}", x, call.module)
+        if not isinstance(ref, TensorRef):
+            return None
+        call.outputs[i] = ref
+        self._remember(call, x, ref, checksum)
+        return ref
+
+    def _remember(self, call: ModuleCall, x: torch.Tensor, ref: TensorRef, checksum: float) -> None:
+        """A stored output: watched for in-place changes, and shared with the inputs that are it or a view of it."""
+        if x.is_floating_point():
+            self._live.append((call, x, checksum))
+        self._seen[id(x)] = (ref, x, checksum)
+        if self._rows is None and x.layout == torch.strided and x.is_contiguous():
+            self._bases.setdefault(x.untyped_storage().data_ptr(), []).append((ref, x, checksum))
+
+    def _view_of_stored(self, x: torch.Tensor) -> TensorRef | None:
+        """``x`` as a view of a stored contiguous output it lies within, that output unchanged since it was stored
+        (None: none is)."""
+        if self._rows is not None or x.layout != torch.strided or x.numel() == 0 or min(x.stride(), default=0) < 0:
+            return None
+        for ref, base, checksum in self._bases.get(x.untyped_storage().data_ptr(), ()):
+            offset = x.storage_offset() - base.storage_offset()
+            last = offset + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+            if base.dtype == x.dtype and 0 <= offset and last < base.numel() and _checksum(base) == checksum:
+                return dataclasses.replace(ref, shape=list(x.shape), delta_over=None, codec=None,
+                                           view=[offset, list(x.stride())])
+        return None
 
     def _recording(self) -> bool:
         """Inside a traced step (not warm-up before the first, not a step the positions restriction skips)."""
@@ -339,6 +400,8 @@ class ModuleTracer:
                 call.mutated_after_hook = True
         self._live.clear()
         self._seen.clear()
+        self._bases.clear()
+        self._unreceived.clear()
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def _start_step(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -386,6 +449,8 @@ class ModuleTracer:
             if i > 0 and self._attention_map(x):
                 call.outputs.append(f"attention probabilities {list(x.shape)}: not stored")
                 continue
+            if isinstance(x, torch.Tensor) and id(x) in self._unreceived:
+                self._store_received(x)          # a parent returning its activation child's output receives it
             seen = self._seen.get(id(x)) if isinstance(x, torch.Tensor) else None
             checksum = _checksum(x) if seen is not None and seen[1] is x else None
             if seen is not None and checksum == seen[2]:
@@ -394,13 +459,16 @@ class ModuleTracer:
                 if x.is_floating_point():
                     self._live.append((call, x, checksum))
                 continue
+            if (self.free_outputs_when_received and id(module) in self._free_leaves and isinstance(x, torch.Tensor)
+                    and x.is_floating_point()):
+                self._unreceived[id(x)] = (call, len(call.outputs), x, _checksum(x) if checksum is None else checksum)
+                call.outputs.append(f"{list(x.shape)}: not stored — a parameter-free module's output no module "
+                                    "received")
+                continue
             ref = self._store(f"c{index}.out{i}", x, path)
             call.outputs.append(ref)
             if isinstance(x, torch.Tensor) and isinstance(ref, TensorRef):
-                checksum = _checksum(x) if checksum is None else checksum
-                if x.is_floating_point():
-                    self._live.append((call, x, checksum))
-                self._seen[id(x)] = (ref, x, checksum)
+                self._remember(call, x, ref, _checksum(x) if checksum is None else checksum)
         first = next((o for o in call.outputs if isinstance(o, TensorRef)), None)
         n_rows, n_reqs = len(step.pos), len(set(self._step_req[-1]))
         if (first is not None and first.shape and first.shape[0] != n_rows and first.shape[0] == n_reqs
@@ -422,7 +490,7 @@ class ModuleTracer:
         call = ModuleCall(index=index, step=step.index, module=path, cls="function",
                           qualname=f"{fn.__module__}.{fn.__qualname__}", class_file=ff, class_line=fl,
                           forward_file=ff, forward_line=fl)
-        call.inputs = [self._store(f"c{index}.in{i}", x, path) for i, x in enumerate(_flatten(list(args)))]
+        call.inputs = [self._store_input(f"c{index}.in{i}", x, path) for i, x in enumerate(_flatten(list(args)))]
         names, values = _flatten_output(output)
         call.outputs = [self._store(f"c{index}.out{i}", x, path) for i, x in enumerate(values)]
         self.fired += 1

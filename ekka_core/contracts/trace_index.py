@@ -10,7 +10,8 @@ index; never pickle::
 A float32 tensor may be stored as its bf16-rounded difference from the tensor of the same key in a sibling trace
 (``TensorRef.delta_over``: the fp32 reference over the low-precision reference it is compared with); read back, it
 is that tensor in float32 plus the difference — within 2^-9 of the difference, a 2^-9 error in the noise the error
-ratio measures, at half the bytes.
+ratio measures, at half the bytes. A two-byte float tensor (bf16, f16) is stored as two planes
+(``TensorRef.codec``): its low bytes, and its high bytes — sign and exponent, which take few values — compressed.
 
 A *step* is one forward pass of the whole model. Its layout says which (sequence, position) every row of a
 flattened activation belongs to, so the aligner can put prefill and decode rows of a batch back in order.
@@ -30,9 +31,10 @@ from typing import Any
 
 from ekka_core.contracts.errors import BadInput
 
-SCHEMA = "ekka.trace/2"
-# Schemas this version reads: /1 had no ``delta_over`` (every tensor stored whole).
-READABLE_SCHEMAS = ("ekka.trace/1", SCHEMA)
+SCHEMA = "ekka.trace/3"
+# Schemas this version reads: /1 had no ``delta_over`` (every tensor stored whole), /2 no ``codec`` (every tensor in
+# one piece).
+READABLE_SCHEMAS = ("ekka.trace/1", "ekka.trace/2", SCHEMA)
 INDEX = "index.json"
 
 
@@ -49,6 +51,13 @@ class TensorRef:
     # Stored as ``bf16(this − base)``, base the tensor of the same key in the sibling trace directory of this name
     # (None: stored whole). Read through :meth:`ekka_core.capture.trace.Trace.tensor`, which adds the base back.
     delta_over: str | None = None
+    # How the stored tensor is encoded (None: as it is). ``zstd-high-bytes/<bfloat16|float16>``: a two-byte float
+    # tensor as two planes, its low bytes under ``key`` and its high bytes zstd-compressed under ``key/high.zst``
+    # (lossless; :mod:`ekka_core.capture.trace`).
+    codec: str | None = None
+    # Not stored itself: a view of the stored tensor ``key`` (an input that was a view of an earlier output, unchanged
+    # since): ``[storage offset, strides]`` in elements of that tensor, flat. Read as ``stored.as_strided(shape, …)``.
+    view: list | None = None
 
     @property
     def is_float(self) -> bool:

@@ -113,6 +113,19 @@ def _run(tmp: Path, dtype: torch.dtype = torch.float32, *, shard_bytes: int = 25
     return model, ids, last, tmp
 
 
+def _trace_rows(tmp: Path, model: nn.Module, x: torch.Tensor, *, role: str = "target", **tracer_options) -> Trace:
+    """One traced forward of ``model`` over ``x``, its rows one request's positions 0…n-1, read back."""
+    n = x.shape[0]
+    writer = TraceWriter(tmp, RunInfo("test", "0", role, "m", "float32"))
+    tracer = ModuleTracer(writer, lambda args, kwargs: ([0] * n, list(range(n))), **tracer_options).attach(model)
+    with torch.no_grad():
+        model(x)
+    tracer.detach()
+    tracer.resolve_steps(lambda r: r, [n])
+    writer.close(complete=True)
+    return Trace(tmp)
+
+
 EXPECTED_ORDER = ["embed", "layers.0.rot", "layers.0.up", "layers.0.down", "layers.0",
                   "layers.1.rot", "layers.1.up", "layers.1.down", "layers.1", "head.lm", "head", ""]
 
@@ -395,17 +408,9 @@ def test_inputs_are_captured_on_entry_and_shared_with_the_producer(tmp_path):
     torch.manual_seed(0)
     model = _Chain()
     x = torch.randn(3, 4)
-    writer = TraceWriter(tmp_path, RunInfo(framework="test", framework_version="0", role="target", model="m",
-                                           dtype="float32"))
     with torch.no_grad():
         first_out = model.first(x)      # by hand, untraced: what `scale` receives before it overwrites it
-    tracer = ModuleTracer(writer, lambda args, kwargs: ([0] * 3, [0, 1, 2])).attach(model)
-    with torch.no_grad():
-        model(x)
-    tracer.detach()
-    tracer.resolve_steps(lambda r: r, [3])
-    writer.close(complete=True)
-    trace = Trace(tmp_path)
+    trace = _trace_rows(tmp_path, model, x)
     calls = {c.module: c for c in trace.calls}
     scale_in = trace.tensor(calls["scale"].inputs[0])
     assert torch.equal(scale_in, first_out)                      # the value on entry, not the doubled one
@@ -714,3 +719,191 @@ def test_fp32_tensors_are_stored_over_the_low_precision_trace_within_2e_9_of_the
     shutil.rmtree(tmp_path / "reference")
     with pytest.raises(BadInput, match="which is missing"):
         Trace(tmp_path / "reference-fp32").tensor(refs["c0.out0"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_two_byte_floats_are_stored_as_a_raw_low_plane_and_a_compressed_high_plane_bit_for_bit(tmp_path, dtype):
+    """A bf16/f16 tensor of 4 KB or more is stored as its low bytes and its zstd-compressed high bytes: read back
+    bit for bit whatever its values (NaN, ±inf, -0, subnormals) or layout, beside tensors stored whole (which keep
+    their alignment after the odd-sized planes), in standard safetensors shards; an activation's narrow exponent
+    range makes the plane of high bytes small; a codec this version does not know is refused with a fix."""
+    from safetensors import safe_open
+
+    from ekka_core.capture.trace import HIGH_BYTES, SPLIT_MIN_BYTES, split_codec
+
+    torch.manual_seed(0)
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-40, -3e-8, 65504.0])
+    activation = (torch.randn(64, 512) * torch.rand(512) * 4).to(dtype)      # per-feature scales, as activations
+    tensors = {
+        "activation": activation,
+        "odd_u8": torch.arange(5, dtype=torch.uint8),                  # 5 bytes after a plane: the next needs a pad
+        "strided": torch.randn(96, 48).to(dtype).t(),                  # not contiguous
+        "specials": special.to(dtype).repeat(300),
+        "f32": torch.randn(33),
+        "small": torch.randn(7).to(dtype),                             # under SPLIT_MIN_BYTES: whole
+        "i64": torch.arange(11),
+    }
+    w = TraceWriter(tmp_path, RunInfo("vllm", "0", "target", "m", str(dtype)), shard_bytes=1 << 20)
+    refs = {k: w.add_tensor(k, t) for k, t in tensors.items()}
+    w.close(complete=True)
+    trace = Trace(tmp_path)
+    for k, t in tensors.items():
+        got = trace.tensor(refs[k])
+        assert got.dtype == t.dtype and got.shape == t.shape, k
+        bits = torch.int16 if t.dtype in (torch.bfloat16, torch.float16) else t.dtype
+        assert torch.equal(got.contiguous().view(bits), t.contiguous().view(bits)), k
+    split = {k for k, t in tensors.items() if split_codec(t.dtype, t.numel() * t.element_size())}
+    assert split == {"activation", "strided", "specials"}
+    assert all(refs[k].codec == f"zstd-high-bytes/{str(dtype).removeprefix('torch.')}" for k in split)
+    assert all(refs[k].codec is None for k in tensors if k not in split)
+    assert activation.numel() * 2 >= SPLIT_MIN_BYTES
+    (shard,) = tmp_path.glob("shard-*.safetensors")
+    with safe_open(str(shard), framework="pt") as f:     # standard safetensors: every entry loads
+        keys = set(f.keys())
+        entries = {k: f.get_tensor(k) for k in keys}
+    assert {k + HIGH_BYTES for k in split} <= keys
+    assert entries["activation"].numel() == activation.numel()            # the low plane, a byte each, raw
+    # bf16's high byte is the sign and 7 exponent bits; f16's keeps 2 mantissa bits, which do not compress
+    assert entries["activation" + HIGH_BYTES].numel() < activation.numel() * (0.6 if dtype == torch.bfloat16 else 0.85)
+    assert entries["f32"].dtype == torch.float32                          # whole, and aligned for its element size
+    assert shard.stat().st_size < sum(t.numel() * t.element_size() for t in tensors.values())
+    unknown = TensorRef(key="activation", shard=refs["activation"].shard, shape=[64, 512], dtype="bfloat16",
+                        codec="lz9-high-bytes/bfloat16")
+    with pytest.raises(BadInput, match="codec 'lz9-high-bytes/bfloat16'"):
+        trace.tensor(unknown)
+
+
+class _Heads(nn.Module):
+    """q and k split out of one projection's output as views (vLLM's qkv_proj), one of them transposed into heads
+    (HF's ``view(...).transpose(1, 2)``), handed to a child; then the projection's output is changed in place and
+    handed on again."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 12)
+        self.rotary = nn.Identity()
+        self.after = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.proj(x)                                           # [3, 12], contiguous
+        q, k = qkv[:, :8], qkv[:, 8:]                                # views at offsets 0 and 8
+        heads = q.view(3, 2, 4).transpose(0, 1)                      # [2, 3, 4], strides (4, 12, 1)
+        self.rotary(heads)
+        self.rotary(k)
+        qkv.mul_(3.0)                                                # the projection's output overwritten
+        return self.after(qkv[:, 8:])                                # a view of a changed output: its own copy
+
+
+def test_an_input_that_is_a_view_of_an_unchanged_stored_output_is_stored_as_that_view(tmp_path):
+    """An input that is a view of an earlier output (q and k out of a fused projection; heads transposed out of it)
+    is stored as a view of that output's stored copy — no bytes of its own — and reads back as the view's values;
+    once the output was changed in place, a view of it is stored as it is (the value the module received)."""
+    torch.manual_seed(0)
+    model = _Heads()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        qkv = model.proj(x)           # by hand, untraced
+    trace = _trace_rows(tmp_path, model, x)
+    proj = next(c for c in trace.calls if c.module == "proj").outputs[0]
+    heads_in, k_in = (c.inputs[0] for c in trace.calls if c.module == "rotary")
+    after_in = next(c for c in trace.calls if c.module == "after").inputs[0]
+    assert heads_in.key == k_in.key == proj.key and heads_in.view == [0, [4, 12, 1]] and k_in.view == [8, [12, 1]]
+    assert torch.equal(trace.tensor(heads_in), qkv[:, :8].view(3, 2, 4).transpose(0, 1))
+    assert torch.equal(trace.tensor(k_in), qkv[:, 8:])
+    assert after_in.view is None and torch.equal(trace.tensor(after_in), qkv[:, 8:] * 3.0)
+    from safetensors import safe_open
+    (shard,) = tmp_path.glob("shard-*.safetensors")
+    with safe_open(str(shard), framework="pt") as f:          # the views wrote nothing; the changed one did
+        stored = set(f.keys())
+    # the inputs stored: the model's and proj's (x) and after's; none for the two rotary calls' views
+    assert proj.key in stored and {k for k in stored if ".in" in k} == {"e1.in0", "e2.in0", after_in.key}
+
+
+class _Mlps(nn.Module):
+    """A gated MLP as HF writes it (``down(act(gate(x)) * up(x))``: the activation's output reaches no module), a
+    plain one (``fc2(act(fc1(x)))``) and a block that returns its activation child's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 4)
+        self.gated_act, self.plain_act = nn.SiLU(), nn.GELU()
+        self.fc1, self.fc2 = nn.Linear(4, 6), nn.Linear(6, 4)
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.down(self.gated_act(self.gate(x)) * self.up(x))
+        h = self.fc2(self.plain_act(self.fc1(h)))
+        return self.block(h)
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_the_reference_stores_an_activations_output_only_where_a_module_receives_it(tmp_path, reference):
+    """The reference's tracer stores a parameter-free leaf's output only once a module receives it (the plain MLP's
+    fc2, the block returning it), under the producer's key and shared with the receiver; a gated activation's output,
+    multiplied in the MLP's forward, is not stored and says so. A target's tracer stores every output."""
+    torch.manual_seed(0)
+    model = _Mlps()
+    x = torch.randn(3, 4)
+    with torch.no_grad():        # by hand, untraced
+        gated = torch.nn.functional.silu(model.gate(x))
+        h = model.down(gated * model.up(x))
+        plain = torch.nn.functional.gelu(model.fc1(h))
+        tanh = torch.tanh(model.block[0](model.fc2(plain)))
+    trace = _trace_rows(tmp_path, model, x, role="reference" if reference else "target",
+                        free_outputs_when_received=reference)
+    calls = {c.module: c for c in trace.calls}
+    gated_out, plain_out = calls["gated_act"].outputs[0], calls["plain_act"].outputs[0]
+    assert isinstance(plain_out, TensorRef) and plain_out.key == f"c{calls['plain_act'].index}.out0"
+    assert calls["fc2"].inputs[0] == plain_out and torch.allclose(trace.tensor(plain_out), plain)
+    tanh_out = calls["block.1"].outputs[0]
+    assert isinstance(tanh_out, TensorRef) and calls["block"].outputs[0] == tanh_out
+    assert torch.allclose(trace.tensor(tanh_out), tanh)
+    if reference:
+        assert isinstance(gated_out, str) and "not stored" in gated_out and "[3, 6]" in gated_out
+        assert f"c{calls['gated_act'].index}.out0" not in trace.refs_by_key()
+    else:
+        assert isinstance(gated_out, TensorRef) and torch.allclose(trace.tensor(gated_out), gated)
+
+
+def test_without_zstandard_a_writer_stores_tensors_whole_and_a_reader_says_what_to_install(tmp_path, monkeypatch):
+    """An engine environment Ekka's code travels to without its dependencies (``--python``, a remote host) writes
+    two-byte floats whole, read back the same; a split trace read where zstandard is missing is a bad input naming
+    the package."""
+    from ekka_core.capture import trace as trace_module
+
+    t = torch.randn(64, 64).to(torch.bfloat16)
+    w = TraceWriter(tmp_path / "split", RunInfo("vllm", "0", "target", "m", "bfloat16"))
+    split_ref = w.add_tensor("a", t)
+    w.close(complete=True)
+    monkeypatch.setattr(trace_module, "zstandard", None)
+    w = TraceWriter(tmp_path / "whole", RunInfo("vllm", "0", "target", "m", "bfloat16"))
+    whole_ref = w.add_tensor("a", t)
+    w.close(complete=True)
+    assert split_ref.codec is not None and whole_ref.codec is None
+    assert torch.equal(Trace(tmp_path / "whole").tensor(whole_ref), t)
+    with pytest.raises(BadInput, match="zstandard") as e:
+        Trace(tmp_path / "split").tensor(split_ref)
+    assert "pip install zstandard" in e.value.fix
+
+
+def test_a_trace_written_before_the_two_planes_still_reads(tmp_path, monkeypatch):
+    """An ``ekka.trace/2`` trace — every tensor whole, its index without ``codec`` or ``view`` — reads back as
+    written (traces are kept and reused across Ekka versions)."""
+    from ekka_core.capture import trace as trace_module
+
+    monkeypatch.setattr(trace_module, "zstandard", None)      # whole tensors, as /2 wrote them
+    t = torch.randn(64, 64).to(torch.bfloat16)
+    w = TraceWriter(tmp_path, RunInfo("vllm", "0", "target", "m", "bfloat16"))
+    w.calls.append(trace_module.ModuleCall(index=0, step=0, module="m", cls="X", qualname="X", class_file=None,
+                                           class_line=None, forward_file=None, forward_line=None,
+                                           outputs=[w.add_tensor("c0.out0", t, "m")]))
+    w.close(complete=True)
+    index = json.loads((tmp_path / INDEX).read_text())
+    index["schema"] = "ekka.trace/2"
+    for ref in index["calls"][0]["outputs"]:
+        del ref["codec"], ref["view"]
+    (tmp_path / INDEX).write_text(json.dumps(index))
+    monkeypatch.undo()
+    trace = Trace(tmp_path)
+    (ref,) = trace.calls[0].outputs
+    assert ref.codec is None and ref.view is None and torch.equal(trace.tensor(ref), t)
