@@ -285,7 +285,8 @@ class ModuleTracer:
                 self._child_attr[(id(module), id(child))] = attr
             self.handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._record, with_kwargs=True))
-            if next(module.children(), None) is None and next(module.parameters(recurse=False), None) is None:
+            if (self.free_outputs_when_received and next(module.children(), None) is None
+                    and next(module.parameters(recurse=False), None) is None):
                 self._free_leaves.add(id(module))
         # Sums taken when the engine loaded the weights, where its plugin kept them (before any repacking).
         self.writer.run.module_weights, self.writer.run.weight_sums = weight_owners(
@@ -459,8 +460,7 @@ class ModuleTracer:
                 if x.is_floating_point():
                     self._live.append((call, x, checksum))
                 continue
-            if (self.free_outputs_when_received and id(module) in self._free_leaves and isinstance(x, torch.Tensor)
-                    and x.is_floating_point()):
+            if id(module) in self._free_leaves and isinstance(x, torch.Tensor) and x.is_floating_point():
                 self._unreceived[id(x)] = (call, len(call.outputs), x, _checksum(x) if checksum is None else checksum)
                 call.outputs.append(f"{list(x.shape)}: not stored — a parameter-free module's output no module "
                                     "received")

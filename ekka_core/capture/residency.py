@@ -33,10 +33,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ekka_core.capture.trace import SAFETENSORS_DTYPES
+from ekka_core.capture.trace import DTYPE_OF_NAME
 
 # safetensors' dtype names → torch dtypes, the floating ones (what a checkpoint stores weights in)
-_STORED = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items() if dtype.is_floating_point}
+_STORED = {name: dtype for name, dtype in DTYPE_OF_NAME.items() if dtype.is_floating_point}
 
 
 def stored_float_dtype(model: str) -> torch.dtype | None:

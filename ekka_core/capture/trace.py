@@ -82,16 +82,15 @@ class TraceWriter:
         if delta is not None:
             t, dtype = delta, delta.dtype
         nbytes = t.numel() * dtype.itemsize
-        codec = split_codec(dtype, nbytes)
         with self._lock:
             if not self._filling.has_room(nbytes, dtype):
                 self._flush()
             if not self._filling.has_room(nbytes, dtype):          # larger than a whole buffer: a shard of its own
                 self._filling = _ShardBuffer(nbytes)
             shard = self._shard
-            self._filling.put(key, t, dtype, split=codec is not None)
+            self._filling.put(key, t, dtype)
         return TensorRef(key=key, shard=shard, shape=list(t.shape), dtype=computed,
-                         delta_over=None if delta is None else self._base.name, codec=codec)
+                         delta_over=None if delta is None else self._base.name, codec=split_codec(dtype, nbytes))
 
     def _flush(self) -> None:
         """Hand the filled buffer to the writer thread and fill the other one (waiting for its own write first)."""
@@ -140,7 +139,8 @@ SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16:
                       torch.float8_e5m2: "F8_E5M2"}
 
 
-_DTYPE_OF = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()}
+# …and the other way round: a safetensors header's dtype name → the torch dtype
+DTYPE_OF_NAME = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 
 # The codec of a two-byte float tensor stored as two planes (see the module's docstring): "<name>/<stored dtype>".
 SPLIT_CODEC = "zstd-high-bytes"
@@ -194,21 +194,19 @@ class _ShardBuffer:
         self.data = torch.empty(capacity, dtype=torch.uint8)
         self.used = 0
         self.header: dict[str, dict[str, Any]] = {}
-        self.split: set[str] = set()        # keys written as two planes (:func:`split_codec`)
 
     @property
     def empty(self) -> bool:
         return not self.header
 
     def clear(self) -> None:
-        self.used, self.header, self.split = 0, {}, set()
+        self.used, self.header = 0, {}
 
     def has_room(self, nbytes: int, dtype: torch.dtype) -> bool:
         return self.used + (-self.used) % dtype.itemsize + nbytes <= self.capacity
 
-    def put(self, key: str, t: torch.Tensor, dtype: torch.dtype, *, split: bool = False) -> None:
-        """Copy ``t`` (any layout, device, dtype: converted to ``dtype`` as it is copied) to the end of the arena;
-        ``split``: written as two planes."""
+    def put(self, key: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+        """Copy ``t`` (any layout, device, dtype: converted to ``dtype`` as it is copied) to the end of the arena."""
         if dtype not in SAFETENSORS_DTYPES:
             raise InternalFailure(f"a traced tensor {key} has dtype {dtype}, which a safetensors trace cannot store")
         size = dtype.itemsize
@@ -222,16 +220,14 @@ class _ShardBuffer:
             self.data[self.used:self.used + nbytes].view(dtype).view(t.shape).copy_(t)
         self.header[key] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(t.shape),
                             "data_offsets": [self.used, self.used + nbytes]}
-        if split:
-            self.split.add(key)
         self.used += nbytes
 
     def write(self, path: Path) -> None:
         """The safetensors file: the header's length (8 bytes, little-endian), the header (JSON, padded with spaces to
-        a multiple of 8), then the data section — the arena as it lies, or, where tensors are split, the arena's
-        tensors in order with each split one as its two planes (compressed here, in the writer's thread: zstd lets
-        go of the GIL while it works)."""
-        if self.split:
+        a multiple of 8), then the data section — the arena as it lies, or, where tensors are split
+        (:func:`split_codec`, the rule the refs were given by), the arena's tensors in order with each split one as
+        its two planes (compressed here, in the writer's thread: zstd lets go of the GIL while it works)."""
+        if any(self._split(entry) for entry in self.header.values()):
             header, sections = self._split_sections()
         else:
             header, sections = self.header, [self.data[:self.used].numpy()]
@@ -242,6 +238,11 @@ class _ShardBuffer:
             f.write(text)
             for data in sections:
                 f.write(memoryview(data))
+
+    @staticmethod
+    def _split(entry: dict[str, Any]) -> bool:
+        start, end = entry["data_offsets"]
+        return split_codec(DTYPE_OF_NAME[entry["dtype"]], end - start) is not None
 
     def _split_sections(self) -> tuple[dict[str, dict[str, Any]], list[np.ndarray | bytes]]:
         """The header and the data section's pieces in order: each split tensor as its two ``U8`` planes, the others
@@ -263,12 +264,12 @@ class _ShardBuffer:
                 continue
             start, end = entry["data_offsets"]
             raw = self.data[start:end]
-            if key in self.split:
+            if self._split(entry):
                 low, high = _split_planes(raw, compressor)
                 add(key, "U8", [low.nbytes], low)
                 add(key + HIGH_BYTES, "U8", [len(high)], high)
                 continue
-            pad = (-at) % _DTYPE_OF[entry["dtype"]].itemsize
+            pad = (-at) % DTYPE_OF_NAME[entry["dtype"]].itemsize
             if pad:
                 add(f"__pad{at}", "U8", [pad], bytes(pad))
             add(key, entry["dtype"], entry["shape"], raw.numpy())
